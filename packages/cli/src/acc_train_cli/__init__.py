@@ -1,0 +1,1 @@
+"""The ``acc-train`` command."""

@@ -1,0 +1,3 @@
+from acc_train_cli.main import main
+
+main()

@@ -1,0 +1,38 @@
+"""acc-train: one training job, every distributed strategy, any machine.
+
+Importing this package is cheap: torch and accelerate load only when ``Accelerator`` or the
+training loop is used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from acc_train.errors import PluginError, UserError
+from acc_train.hookspecs import hookimpl
+from acc_train.strategy import Machine, Strategy, StrategyOptions, WrapPolicy
+
+if TYPE_CHECKING:
+    from acc_train.accelerator import Accelerator
+
+__all__ = [
+    "Accelerator",
+    "Machine",
+    "PluginError",
+    "Strategy",
+    "StrategyOptions",
+    "UserError",
+    "WrapPolicy",
+    "hookimpl",
+    "__version__",
+]
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Accelerator":
+        from acc_train.accelerator import Accelerator
+
+        return Accelerator
+    raise AttributeError(f"module 'acc_train' has no attribute {name!r}")

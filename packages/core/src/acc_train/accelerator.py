@@ -1,0 +1,127 @@
+"""``acc_train.Accelerator``: ``accelerate.Accelerator`` built for the chosen strategy.
+
+It is a drop-in: a user's script that does ``from acc_train import Accelerator`` runs under
+whatever ``acc-train --strategy ...`` chose (the launcher passes the strategy to the workers
+through ``ACC_TRAIN_STRATEGY``). After construction it checks that Accelerate really runs the
+requested strategy; it never trains silently under another one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import accelerate
+
+from acc_train.errors import UserError
+from acc_train.strategy import Machine, Strategy, StrategyOptions
+
+__all__ = ["Accelerator", "current_machine", "resolve_mixed_precision", "ENV_STRATEGY"]
+
+#: JSON ``{"name": ..., **options}`` set by the launcher for the workers.
+ENV_STRATEGY = "ACC_TRAIN_STRATEGY"
+
+
+def current_machine() -> Machine:
+    import torch
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    nodes = max(1, world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in {"1", "true", "yes"}:
+        return Machine("cuda", world, nodes)
+    return Machine("cpu", world, nodes)
+
+
+def cpu_has_native_bf16() -> bool:
+    import torch
+
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool((probe and probe()) or (amx and amx()))
+
+
+def resolve_mixed_precision(requested: str, machine: Machine) -> str:
+    """``auto``: bf16 where the device computes it natively, else fp32 (``no``)."""
+    if requested != "auto":
+        if requested == "fp16" and machine.device_type == "cpu":
+            raise UserError(
+                "fp16 mixed precision needs a GPU",
+                where="training.mixed_precision",
+                hint="use auto, bf16 or no on a CPU",
+            )
+        return requested
+    import torch
+
+    if machine.device_type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if cpu_has_native_bf16() else "no"
+
+
+def strategy_from_env() -> tuple[Strategy, StrategyOptions]:
+    """The strategy the launcher chose, or DDP with defaults when run without acc-train."""
+    from acc_train.config import Sources, deep_merge, format_validation_error
+    from acc_train.plugins import strategies
+    from pydantic import ValidationError
+
+    raw = json.loads(os.environ.get(ENV_STRATEGY) or '{"name": "ddp"}')
+    name = raw.pop("name", "ddp")
+    strategy = strategies().get(name)
+    try:
+        return strategy, strategy.parse_options(deep_merge(strategy.presets.get(name, {}), raw))
+    except ValidationError as exc:
+        raise format_validation_error(exc, strategy.options_schema, Sources(), prefix="strategy.") from None
+
+
+def _merge_kwargs(base: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in user.items():
+        if key == "kwargs_handlers":
+            user_types = {type(h) for h in value or []}
+            out[key] = [h for h in out.get(key, []) if type(h) not in user_types] + list(value or [])
+        elif key in out and out[key] is not None and value is not None and key.endswith("_plugin"):
+            raise UserError(
+                f"the script passes {key}, but the strategy already configures it",
+                where=key,
+                hint="configure it through the strategy's options instead",
+            )
+        else:
+            out[key] = value
+    return out
+
+
+class Accelerator(accelerate.Accelerator):
+    """``accelerate.Accelerator`` for the strategy acc-train was asked to run."""
+
+    def __init__(
+        self,
+        *args: Any,
+        strategy: Strategy | None = None,
+        strategy_options: StrategyOptions | None = None,
+        job: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if strategy is None:
+            strategy, strategy_options = strategy_from_env()
+        assert strategy_options is not None
+        machine = current_machine()
+        strategy.check_environment(strategy_options, machine)
+        merged = _merge_kwargs(strategy.accelerator_kwargs(strategy_options, job), kwargs)
+        if machine.device_type == "cpu":
+            merged["cpu"] = True
+        if merged.get("mixed_precision") in (None, "auto"):
+            requested = merged.get("mixed_precision") or os.environ.get("ACC_TRAIN_MIXED_PRECISION", "auto")
+            merged["mixed_precision"] = resolve_mixed_precision(requested, machine)
+        super().__init__(*args, **merged)
+        self.acc_strategy = strategy
+        self.acc_strategy_options = strategy_options
+        self.acc_machine = machine
+        strategy.after_accelerator(self, strategy_options)
+        expected = strategy.expected_distributed_types(machine)
+        actual = self.distributed_type.name
+        if actual not in expected:
+            raise RuntimeError(
+                f'strategy "{strategy.name}" expected Accelerate to run as {sorted(expected)} '
+                f"on {machine.world_size} {machine.device_type} process(es), but it chose {actual}; "
+                "refusing to train under a strategy that was not asked for"
+            )

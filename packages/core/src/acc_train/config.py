@@ -1,0 +1,382 @@
+"""The job config: one schema, resolved from defaults < YAML file < flags < ``--set``.
+
+Validation is strict at every level: unknown keys are errors that suggest the closest valid
+name, and every problem names its key path and where the value came from (file and line,
+flag, or ``--set``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from acc_train.errors import UserError, closest
+
+__all__ = [
+    "JobConfig",
+    "ResolvedJob",
+    "Sources",
+    "load_job",
+    "parse_set",
+    "format_validation_error",
+    "DEFAULT_MAX_STEPS",
+]
+
+DEFAULT_MAX_STEPS = 200
+
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class ModelConfig(Section):
+    #: A local directory or hub id for ``from_pretrained``; None trains the built-in demo model.
+    name_or_path: str | None = None
+    #: Tokenizer path or id; defaults to ``name_or_path``. The demo job is byte-level.
+    tokenizer: str | None = None
+    #: Overrides for the demo model's ``LlamaConfig`` (ignored when ``name_or_path`` is set).
+    config: dict[str, Any] = Field(default_factory=dict)
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _config_only_for_demo(self) -> ModelConfig:
+        if self.name_or_path and self.config:
+            raise ValueError("model.config overrides the demo model only; remove it when model.name_or_path is set")
+        return self
+
+
+class DataConfig(Section):
+    #: Data files for ``datasets`` (json, jsonl, text, parquet); empty trains on the demo text.
+    train_files: list[str] = Field(default_factory=list)
+    eval_files: list[str] = Field(default_factory=list)
+    format: Literal["auto", "json", "jsonl", "text", "parquet"] = "auto"
+    text_field: str = "text"
+    seq_len: int = Field(128, ge=2)
+    #: Share of the training blocks held out for eval when no ``eval_files`` are given.
+    eval_fraction: float = Field(0.02, ge=0.0, lt=1.0)
+    #: How much of the standard library's source the demo job reads.
+    demo_max_bytes: int = Field(1_500_000, ge=1024)
+    shuffle: bool = True
+
+
+class OptimizerConfig(Section):
+    name: Literal["adamw"] = "adamw"
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], min_length=2, max_length=2)
+    eps: float = Field(1e-8, gt=0)
+
+
+class SchedulerConfig(Section):
+    #: A transformers scheduler name (``get_scheduler``).
+    name: Literal[SCHEDULERS] = "cosine"  # type: ignore[valid-type]
+    warmup_steps: int | None = Field(None, ge=0)
+    #: Used when ``warmup_steps`` is not set.
+    warmup_ratio: float = Field(0.1, ge=0, le=1)
+
+
+class TrainingConfig(Section):
+    #: Optimizer steps. Default 200 when neither this nor ``epochs`` is set.
+    max_steps: int | None = Field(None, ge=1)
+    epochs: int | None = Field(None, ge=1)
+    micro_batch_size: int = Field(8, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    #: Clip the global gradient norm to this; null turns clipping off.
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    seed: int = 42
+    log_every: int = Field(1, ge=1)
+    #: Evaluate every N steps (and after the last); 0 evaluates only after the last step.
+    eval_every: int = Field(0, ge=0)
+    eval_batches: int = Field(8, ge=1)
+    #: Accelerate trackers: tensorboard, wandb, ... (``all`` for every installed one).
+    report_to: list[str] = Field(default_factory=list)
+    progress_bar: bool = True
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainingConfig:
+        if self.max_steps is not None and self.epochs is not None:
+            raise ValueError("set training.max_steps or training.epochs, not both")
+        return self
+
+
+class CheckpointConfig(Section):
+    #: Save every N steps (and after the last); 0 saves only after the last step.
+    every: int = Field(0, ge=0)
+    #: Keep the N most recent complete checkpoints; null keeps all.
+    keep_last: int | None = Field(2, ge=1)
+
+
+class LaunchConfig(Section):
+    #: Processes per machine. Null: one per GPU, or 1 on a machine without GPUs.
+    num_processes: int | None = Field(None, ge=1)
+    num_machines: int = Field(1, ge=1)
+    machine_rank: int = Field(0, ge=0)
+    main_process_ip: str = "127.0.0.1"
+    main_process_port: int = Field(29500, ge=1, le=65535)
+    #: ``static`` (fixed machine ranks) or ``c10d`` (elastic rendezvous).
+    rdzv_backend: Literal["static", "c10d"] = "static"
+    max_restarts: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _rank_in_range(self) -> LaunchConfig:
+        if self.machine_rank >= self.num_machines:
+            raise ValueError(
+                f"launch.machine_rank ({self.machine_rank}) must be below launch.num_machines ({self.num_machines})"
+            )
+        return self
+
+
+class JobConfig(Section):
+    output_dir: str = "runs/demo"
+    #: ``latest`` (or ``auto``: latest if any, else start fresh) or a checkpoint path.
+    resume: str | None = None
+    overwrite: bool = False
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    #: ``name`` plus the options whose schema the strategy owns.
+    strategy: dict[str, Any] = Field(default_factory=lambda: {"name": "ddp"})
+
+    @property
+    def max_steps(self) -> int | None:
+        if self.training.max_steps is None and self.training.epochs is None:
+            return DEFAULT_MAX_STEPS
+        return self.training.max_steps
+
+
+# ----------------------------------------------------------------------------------------
+# Sources and error locations
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sources:
+    """Where each dotted key's value came from, for error messages."""
+
+    origins: dict[str, str] = field(default_factory=dict)
+
+    def where(self, dotted: str) -> str | None:
+        key = dotted
+        while key:
+            if key in self.origins:
+                return self.origins[key]
+            key = key.rpartition(".")[0]
+        return None
+
+
+def _yaml_lines(text: str, file: str) -> dict[str, str]:
+    """dotted key -> "file:line" for every mapping key in a YAML document."""
+    out: dict[str, str] = {}
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return out
+
+    def walk(n: yaml.Node, prefix: str) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                dotted = f"{prefix}{k.value}"
+                out[dotted] = f"{file}:{k.start_mark.line + 1}"
+                walk(v, dotted + ".")
+
+    if node is not None:
+        walk(node, "")
+    return out
+
+
+def read_yaml_file(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(
+            f"config file {str(p)!r} does not exist" if not p.exists() else f"config file {str(p)!r} is not a file",
+            where="--config",
+            hint="check the path, or run `acc-train --print-config > job.yaml` to start one",
+        )
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        loc = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise UserError(f"not valid YAML: {problem}", where=loc, hint="fix the YAML syntax at that line") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"the file must hold a mapping of config keys, not a {type(data).__name__}", where=str(p))
+    return data, _yaml_lines(text, str(p))
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """``key.path=value`` -> (``key.path``, YAML-parsed value)."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise UserError(f"--set expects key.path=value, got {item!r}", where="--set", hint="e.g. --set training.max_steps=50")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any, where: str) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise UserError(f"{'.'.join(parts[: i + 1])} is not a section, so {dotted} cannot be set", where=where)
+        node = child
+    node[parts[-1]] = value
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _model_fields_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """Valid keys of the section at ``path`` (for "did you mean")."""
+    current: Any = model
+    for part in path:
+        fld = getattr(current, "model_fields", {}).get(part)
+        if fld is None:
+            return []
+        current = fld.annotation
+    return list(getattr(current, "model_fields", {}))
+
+
+def format_validation_error(
+    exc: ValidationError, schema: type[BaseModel], sources: Sources, prefix: str = ""
+) -> UserError:
+    """One message listing every problem with its key path and origin."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        dotted = prefix + ".".join(str(p) for p in loc)
+        origin = sources.where(dotted)
+        at = f" ({origin})" if origin else ""
+        if err["type"] == "extra_forbidden":
+            near = closest(str(loc[-1]), _model_fields_at(schema, loc[:-1]))
+            suggestion = f'; did you mean "{prefix}{".".join(str(p) for p in loc[:-1] + (near,))}"?' if near else ""
+            valid = ", ".join(_model_fields_at(schema, loc[:-1]))
+            lines.append(f"{dotted}{at}: unknown key{suggestion} (valid keys here: {valid})")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            got = ""
+            if err["type"] not in {"missing"} and "input" in err and not isinstance(err["input"], dict):
+                got = f" (got {err['input']!r})"
+            lines.append(f"{dotted or prefix.rstrip('.') or 'config'}{at}: {msg}{got}")
+    head = "invalid config" if len(lines) > 1 else "invalid config: " + lines[0]
+    body = "\n  " + "\n  ".join(lines) if len(lines) > 1 else ""
+    return UserError(head + body, hint="fix the value(s) above; `acc-train --print-config` shows the resolved config")
+
+
+# ----------------------------------------------------------------------------------------
+# Resolution
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class ResolvedJob:
+    """A validated job: the config plus its strategy object and parsed options."""
+
+    config: JobConfig
+    strategy: Any  # acc_train.strategy.Strategy
+    options: Any  # its StrategyOptions
+    sources: Sources
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.config.model_dump(mode="json")
+        data["strategy"] = {"name": self.config.strategy["name"], **self.options.model_dump(mode="json")}
+        return data
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def resolve_strategy(config: JobConfig, sources: Sources) -> tuple[Any, Any]:
+    from acc_train.plugins import strategies
+
+    section = dict(config.strategy)
+    name = section.pop("name", None)
+    if not isinstance(name, str) or not name:
+        raise UserError("strategy.name must be set to a strategy name", where=sources.where("strategy.name") or "strategy.name")
+    registry = strategies()
+    strategy = registry.get(name)
+    raw = deep_merge(strategy.presets.get(name, {}), section)
+    try:
+        options = strategy.parse_options(raw)
+    except ValidationError as exc:
+        raise format_validation_error(exc, strategy.options_schema, sources, prefix="strategy.") from None
+    return strategy, options
+
+
+def load_job(
+    config_file: str | Path | None = None,
+    flags: dict[str, Any] | None = None,
+    sets: list[str] | tuple[str, ...] = (),
+    base: dict[str, Any] | None = None,
+) -> ResolvedJob:
+    """Resolve and validate a job: defaults < ``base`` < file < flags < ``--set``.
+
+    ``flags`` maps dotted keys to values and flag names: ``{"training.max_steps": (20, "--max-steps")}``.
+    """
+    sources = Sources()
+    raw: dict[str, Any] = copy.deepcopy(base or {})
+    if config_file is not None:
+        data, lines = read_yaml_file(config_file)
+        raw = deep_merge(raw, data)
+        sources.origins.update(lines)
+    for dotted, (value, flag) in (flags or {}).items():
+        set_dotted(raw, dotted, value, flag)
+        sources.origins[dotted] = flag
+    for item in sets:
+        dotted, value = parse_set(item)
+        set_dotted(raw, dotted, value, f"--set {item}")
+        sources.origins[dotted] = f"--set {item}"
+    if "strategy" in raw and isinstance(raw["strategy"], str):
+        raw["strategy"] = {"name": raw["strategy"]}
+    if isinstance(raw.get("strategy"), dict):
+        raw["strategy"] = {"name": "ddp", **raw["strategy"]}
+    try:
+        config = JobConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise format_validation_error(exc, JobConfig, sources) from None
+    strategy, options = resolve_strategy(config, sources)
+    return ResolvedJob(config, strategy, options, sources)
+
+
+def load_resolved(path: str | Path) -> ResolvedJob:
+    """Load a config written by :meth:`ResolvedJob.to_yaml` (what workers read)."""
+    return load_job(path)

@@ -1,0 +1,40 @@
+"""Errors a person can act on.
+
+A ``UserError`` is a mistake in the user's own input (a config key, a flag, a file).
+The command prints it as one message and exits with code 2; it never shows a traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = ["UserError", "PluginError", "closest", "EXIT_USER_ERROR"]
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """What was wrong, where, and what to do about it."""
+
+    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.where = where
+        self.hint = hint
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class PluginError(UserError):
+    """A plugin broke the contract (failed import, duplicate name, bad registration)."""
+
+
+def closest(name: str, candidates: Iterable[str]) -> str | None:
+    """The closest valid name to a misspelt one, or None when nothing is close."""
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return matches[0] if matches else None

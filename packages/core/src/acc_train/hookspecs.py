@@ -1,0 +1,130 @@
+"""Every hook acc-train calls, in one place.
+
+Plugins implement these with ``@acc_train.hookimpl``. Registration hooks hand the plugin a
+``register`` callback; lifecycle hooks let a plugin observe a run without touching the loop.
+Lifecycle hooks are called on every rank; check ``run.is_main_process`` to act once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from acc_train.checkpoint import CheckpointFormat
+    from acc_train.run import RunContext
+    from acc_train.strategy import Strategy, WrapPolicy
+
+__all__ = ["hookspec", "hookimpl", "PROJECT_NAME"]
+
+PROJECT_NAME = "acc_train"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# -------------------------------------------------------------------------
+# Registration hooks: called once, when the plugin manager first loads.
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def acc_train_register_strategies(register: Callable[[Strategy], None]) -> None:
+    """Register strategies this plugin provides.
+
+    Called once, the first time any strategy is looked up or listed. Call
+    ``register(strategy)`` once per :class:`acc_train.Strategy` instance. Its name, aliases and
+    preset names must not clash with another plugin's; a clash is an error naming both plugins.
+    The return value is ignored.
+
+    :param register: callback taking a ``Strategy`` instance.
+    """
+
+
+@hookspec
+def acc_train_register_wrap_policies(register: Callable[[WrapPolicy], None]) -> None:
+    """Register wrap policies (how a sharding strategy splits a model into units).
+
+    Called once, the first time a wrap policy is looked up or listed. Call
+    ``register(policy)`` once per :class:`acc_train.WrapPolicy` instance. The return value is
+    ignored.
+
+    :param register: callback taking a ``WrapPolicy`` instance.
+    """
+
+
+@hookspec
+def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat], None]) -> None:
+    """Register checkpoint formats (how model and optimizer state are written and read).
+
+    Called once, the first time a checkpoint format is looked up or listed. Call
+    ``register(fmt)`` once per :class:`acc_train.checkpoint.CheckpointFormat` instance. The
+    return value is ignored.
+
+    :param register: callback taking a ``CheckpointFormat`` instance.
+    """
+
+
+# -------------------------------------------------------------------------
+# Lifecycle hooks: called on every rank while a job trains.
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def acc_train_train_start(run: RunContext) -> None:
+    """Called once per rank after model, optimizer and data are prepared and any checkpoint
+    has been restored, just before the first step. ``run.step`` is the step training resumes
+    from (0 for a fresh run). The return value is ignored.
+
+    :param run: the run's context: config, accelerator, output directory, step.
+    """
+
+
+@hookspec
+def acc_train_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
+    """Called on every rank after each optimizer step.
+
+    ``metrics`` holds ``step``, ``loss`` (mean over ranks and accumulation), ``lr``,
+    ``grad_norm`` (None when clipping is off), ``tokens`` (seen so far, all ranks) and
+    ``elapsed_s``. It is the same dict that is written to ``metrics.jsonl`` on logging steps;
+    a plugin may add keys to it. The return value is ignored.
+
+    :param run: the run's context.
+    :param step: the optimizer step just completed, counted from 1.
+    :param metrics: this step's metrics.
+    """
+
+
+@hookspec
+def acc_train_eval_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
+    """Called on every rank after a periodic evaluation; ``metrics`` holds ``eval_loss``.
+    The return value is ignored.
+
+    :param run: the run's context.
+    :param step: the optimizer step after which evaluation ran.
+    :param metrics: ``{"step": ..., "eval_loss": ...}``.
+    """
+
+
+@hookspec
+def acc_train_checkpoint_saved(run: RunContext, step: int, path: str) -> None:
+    """Called on every rank after a checkpoint is complete (its manifest written and the
+    ``latest`` pointer moved to it). The return value is ignored.
+
+    :param run: the run's context.
+    :param step: the step the checkpoint holds.
+    :param path: the committed checkpoint directory.
+    """
+
+
+@hookspec
+def acc_train_train_end(run: RunContext, summary: dict[str, Any]) -> None:
+    """Called on every rank after the last step and the final model have been written.
+    ``summary`` is the content of ``run.json`` (on rank 0; other ranks get the same keys).
+    The return value is ignored.
+
+    :param run: the run's context.
+    :param summary: the run summary.
+    """

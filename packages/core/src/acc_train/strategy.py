@@ -1,0 +1,120 @@
+"""The ``Strategy`` contract: everything a distributed strategy changes goes through here.
+
+A strategy plugin subclasses :class:`Strategy` and registers an instance::
+
+    from acc_train import Strategy, hookimpl
+
+    class MyStrategy(Strategy):
+        name = "mine"
+        options_schema = MyOptions          # a pydantic model, extra="forbid"
+
+        def accelerator_kwargs(self, options, job):
+            return {"kwargs_handlers": [...]}
+
+    @hookimpl
+    def acc_train_register_strategies(register):
+        register(MyStrategy())
+
+Modules defining strategies must not import torch, accelerate or deepspeed at import time:
+listing strategies and ``--help`` never pay for them. Import them inside methods.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from acc_train.config import JobConfig
+
+__all__ = ["Strategy", "StrategyOptions", "WrapPolicy", "Machine"]
+
+
+class StrategyOptions(BaseModel):
+    """Base for a strategy's options schema: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the worker runs on, as a strategy needs to know it."""
+
+    device_type: str  # "cpu" or "cuda" (or another torch device type)
+    world_size: int
+    num_machines: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Strategy(ABC):
+    """A distributed training strategy, registered by name.
+
+    Subclasses set ``name`` and ``options_schema`` and implement :meth:`accelerator_kwargs`.
+    Everything else has a default that suits a data-parallel strategy.
+    """
+
+    #: The name users pass to ``--strategy``.
+    name: ClassVar[str]
+    #: Other names that select the same strategy with no preset.
+    aliases: ClassVar[tuple[str, ...]] = ()
+    #: Named option sets: ``{"zero3-offload": {"stage": 3, ...}}``. Selecting a preset by name
+    #: starts from those options; keys in the config's ``strategy:`` section override them.
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: One line for ``acc-train strategies``.
+    description: ClassVar[str] = ""
+    #: The pydantic model validating the ``strategy:`` section (less ``name``).
+    options_schema: ClassVar[type[StrategyOptions]] = StrategyOptions
+    #: The registered checkpoint format this strategy saves with.
+    checkpoint_format: ClassVar[str] = "full-state"
+
+    def parse_options(self, raw: dict[str, Any]) -> StrategyOptions:
+        """Validate the ``strategy:`` section. Raises pydantic's ValidationError; the caller
+        turns it into a message naming the key path."""
+        return self.options_schema.model_validate(raw)
+
+    def check_environment(self, options: StrategyOptions, machine: Machine) -> None:
+        """Raise :class:`acc_train.UserError` with a hint when this strategy cannot run on
+        ``machine`` as configured. A strategy never silently becomes another."""
+
+    @abstractmethod
+    def accelerator_kwargs(self, options: StrategyOptions, job: JobConfig | None) -> dict[str, Any]:
+        """Keyword arguments for ``accelerate.Accelerator(...)``: plugins and kwargs handlers
+        (``fsdp_plugin``, ``deepspeed_plugin``, ``kwargs_handlers``...). ``job`` is None when a
+        user's own script is launched (``acc-train launch``)."""
+
+    def after_accelerator(self, accelerator: Accelerator, options: StrategyOptions) -> None:
+        """Called right after the Accelerator is built, before anything is prepared."""
+
+    def expected_distributed_types(self, machine: Machine) -> set[str]:
+        """Names of Accelerate ``DistributedType`` members this strategy accepts on ``machine``.
+        If Accelerate picks another one, the run stops with an error instead of training
+        under a strategy the user did not ask for."""
+        if machine.world_size == 1:
+            return {"NO"}
+        return {"MULTI_CPU"} if machine.device_type == "cpu" else {f"MULTI_{machine.device_type.upper()}"}
+
+    def summary(self, accelerator: Accelerator, options: StrategyOptions) -> dict[str, Any]:
+        """Extra keys for ``run.json`` (e.g. a ZeRO stage)."""
+        return {}
+
+    def all_names(self) -> list[str]:
+        return [self.name, *self.aliases, *self.presets]
+
+
+class WrapPolicy(ABC):
+    """How a sharding strategy splits a model into separately sharded units."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    @abstractmethod
+    def build(self, model: Any, options: dict[str, Any]) -> Any:
+        """Return what the sharding library takes as its auto-wrap policy for ``model``."""
+
+    def all_names(self) -> list[str]:
+        return [self.name]

@@ -1,0 +1,37 @@
+"""One worker process of a training run: ``python -m acc_train.worker CONFIG.yaml``.
+
+The launcher starts one per rank. A mistake in the user's input exits with code 2 and its
+message in the elastic error file, so the launching command can show it once, without a
+traceback; any other failure is recorded with its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from acc_train.errors import EXIT_USER_ERROR, UserError
+
+
+def main(argv: list[str] | None = None) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
+
+    from acc_train.config import load_resolved
+    from acc_train.trainer import train
+
+    args = sys.argv[1:] if argv is None else argv
+
+    @record
+    def run() -> None:
+        try:
+            train(load_resolved(args[0]))
+        except UserError as exc:
+            handler = ErrorHandler()
+            handler.initialize()
+            handler.record_exception(exc)
+            sys.exit(EXIT_USER_ERROR)
+
+    run()
+
+
+if __name__ == "__main__":
+    main()

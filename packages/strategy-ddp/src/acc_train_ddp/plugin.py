@@ -1,0 +1,78 @@
+"""The ``ddp`` strategy: every rank holds the whole model; gradients are all-reduced.
+
+No torch or accelerate import at module level: listing strategies stays fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import Field
+
+from acc_train import Machine, Strategy, StrategyOptions, UserError, hookimpl
+
+__all__ = ["DDPOptions", "DDPStrategy"]
+
+
+class DDPOptions(StrategyOptions):
+    #: Gradient bucket size in MiB (DDP's ``bucket_cap_mb``).
+    bucket_cap_mb: int = Field(25, ge=1)
+    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    broadcast_buffers: bool = True
+    #: Gradient communication hook: compress gradients before the all-reduce.
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    #: PowerSGD's matrix approximation rank.
+    powersgd_rank: int = Field(1, ge=1)
+    #: Steps of plain all-reduce before PowerSGD compression starts.
+    powersgd_start_iter: int = Field(2, ge=1)
+
+
+class DDPStrategy(Strategy):
+    name = "ddp"
+    aliases = ("data-parallel",)
+    description = "PyTorch DistributedDataParallel: full replica per rank, all-reduced gradients"
+    options_schema = DDPOptions
+    checkpoint_format = "full-state"
+
+    def check_environment(self, options: StrategyOptions, machine: Machine) -> None:
+        assert isinstance(options, DDPOptions)
+        if options.comm_hook == "fp16" and machine.device_type == "cpu" and machine.world_size > 1:
+            raise UserError(
+                "the fp16 compression hook needs GPUs (gloo cannot all-reduce fp16 on CPU)",
+                where="strategy.comm_hook",
+                hint="use comm_hook: bf16 or none on CPU",
+            )
+
+    def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
+        from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+
+        assert isinstance(options, DDPOptions)
+        hook = {
+            "none": DDPCommunicationHookType.NO,
+            "fp16": DDPCommunicationHookType.FP16,
+            "bf16": DDPCommunicationHookType.BF16,
+            "powersgd": DDPCommunicationHookType.POWER_SGD,
+        }[options.comm_hook]
+        state = (
+            {"matrix_approximation_rank": options.powersgd_rank, "start_powerSGD_iter": options.powersgd_start_iter}
+            if options.comm_hook == "powersgd"
+            else {}
+        )
+        handler = DistributedDataParallelKwargs(
+            bucket_cap_mb=options.bucket_cap_mb,
+            find_unused_parameters=options.find_unused_parameters,
+            gradient_as_bucket_view=options.gradient_as_bucket_view,
+            static_graph=options.static_graph,
+            broadcast_buffers=options.broadcast_buffers,
+            comm_hook=hook,
+            comm_state_option=state,
+        )
+        return {"kwargs_handlers": [handler]}
+
+
+@hookimpl
+def acc_train_register_strategies(register: Callable[[Strategy], None]) -> None:
+    register(DDPStrategy())
