@@ -202,7 +202,7 @@ def launch(ctx: click.Context, script: str, script_args: tuple[str, ...], **para
         "ACC_TRAIN_STRATEGY": json.dumps(strategy),
         "ACC_TRAIN_MIXED_PRECISION": job.config.training.mixed_precision,
     }
-    _run_workers(job.config.launch, [script, *script_args], env)
+    _run_workers(job.config.launch, ["-m", "acc_train.script_worker", script, *script_args], env)
 
 
 @cli.command()

@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> None:
     from acc_train.trainer import train
 
     args = sys.argv[1:] if argv is None else argv
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own bar is the only one on screen
 
     @record
     def run() -> None:

@@ -1,0 +1,29 @@
+"""One worker of ``acc-train launch``: ``python -m acc_train.script_worker SCRIPT [ARGS]``.
+
+Runs the user's script as ``__main__`` under the elastic error recorder, so a failing rank's
+exception and traceback reach the launching command.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def main() -> None:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    script, *args = sys.argv[1:]
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` does
+
+    @record
+    def run() -> None:
+        runpy.run_path(script, run_name="__main__")
+
+    run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Shared fixtures: a tiny model and data that the tests make themselves, and CLI runners.
+
+Launching workers costs 10-17 s on a 2-core machine, so launch-based tests share runs through
+session fixtures and ``xdist_group`` (``--dist loadgroup`` keeps a group on one worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WORDS = (
+    "the quick brown fox jumps over a lazy dog while seven small models train on two tiny "
+    "processes and every step must match exactly after resume with the same batches"
+).split()
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run ``acc-train ARGS`` as a user would, in a fresh interpreter."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "acc_train_cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def read_metrics(out: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
+    return {r["step"]: r for r in rows if "loss" in r}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiniest Llama and a word-level tokenizer, saved with save_pretrained."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    vocab = {"[UNK]": 0, "[EOS]": 1, **{w: i + 2 for i, w in enumerate(dict.fromkeys(WORDS))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]")
+    fast.save_pretrained(path)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """jsonl train and eval files of word salad over the tiny tokenizer's vocabulary."""
+    import random
+
+    path = tmp_path_factory.mktemp("tiny-data")
+    rng = random.Random(0)
+    files = {}
+    for split, n in (("train", 400), ("eval", 40)):
+        f = path / f"{split}.jsonl"
+        with f.open("w") as fh:
+            for _ in range(n):
+                fh.write(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 24)))}) + "\n")
+        files[split] = f
+    return files
+
+
+def tiny_job_args(model: Path, data: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    """CLI arguments for a tiny, fast, fp32 job on the saved model and data."""
+    return [
+        "--set", f"model.name_or_path={model}",
+        "--set", f"data.train_files=[{data['train']}]",
+        "--set", f"data.eval_files=[{data['eval']}]",
+        "--set", "data.seq_len=16",
+        "--micro-batch-size", "4",
+        "--mixed-precision", "no",
+        "--seed", "7",
+        "--set", "training.progress_bar=false",
+        "--output-dir", str(out),
+        *extra,
+    ]  # fmt: skip

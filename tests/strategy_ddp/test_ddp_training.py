@@ -1,0 +1,109 @@
+"""DDP on 2 CPU processes over gloo, through the real command and the elastic launcher.
+
+One 20-step run is shared by most tests here (it costs a launch); a second launch resumes it
+from step 10.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_metrics, run_cli, tiny_job_args
+
+pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("ddp-run")]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
+    out = tmp_path_factory.mktemp("ddp") / "run"
+    args = tiny_job_args(tiny_model_dir, tiny_data, out, "--strategy", "ddp", "--num-processes", "2", "--max-steps", "20")
+    args += ["--set", "checkpoint.every=10", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=10"]
+    args += ["--report-to", "tensorboard"]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+def test_run_is_real_ddp_on_two_cpu_ranks(ddp_run: Path) -> None:
+    summary = json.loads((ddp_run / "run.json").read_text())
+    assert summary["distributed_type"] == "DistributedType.MULTI_CPU"
+    assert summary["world_size"] == 2
+    assert summary["strategy"] == "ddp"
+    assert summary["steps"] == 20
+    ranks = summary["per_rank"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    # every rank holds the whole model, and the replicas stayed identical
+    assert ranks[0]["param_elements"] == ranks[1]["param_elements"] == summary["model_parameters"]
+    assert ranks[0]["param_checksum"] == ranks[1]["param_checksum"]
+    assert all(r["peak_memory_bytes"] > 0 for r in ranks)
+
+
+def test_metrics_and_outputs(ddp_run: Path) -> None:
+    metrics = read_metrics(ddp_run)
+    assert sorted(metrics) == list(range(1, 21))
+    first, last = metrics[1], metrics[20]
+    assert {"step", "loss", "lr", "grad_norm", "tokens", "elapsed_s", "tokens_per_s"} <= set(first)
+    assert last["tokens"] == 20 * 2 * 4 * 16
+    assert last["loss"] < first["loss"]
+    evals = [json.loads(line) for line in (ddp_run / "metrics.jsonl").read_text().splitlines() if "eval_loss" in line]
+    assert [e["step"] for e in evals] == [10, 20]
+    config = (ddp_run / "config.yaml").read_text()
+    assert "name: ddp" in config and "max_steps: 20" in config
+    assert list((ddp_run / "logs").rglob("events.out.tfevents.*")), "tensorboard wrote no events"
+
+
+def test_checkpoints_are_complete_and_pointed_to(ddp_run: Path) -> None:
+    ckpts = ddp_run / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step-000020"
+    for step in (10, 20):
+        manifest = json.loads((ckpts / f"step-{step:06d}" / "manifest.json").read_text())
+        assert manifest["step"] == step
+        assert manifest["world_size"] == 2
+        assert manifest["format"] == "full-state"
+        assert {"model.safetensors", "optimizer.safetensors", "trainer_state.json", "rng-rank00001.safetensors"} <= set(manifest["files"])
+    assert not list(ckpts.glob(".staging-*"))
+    assert not [p for p in ckpts.rglob("*") if p.suffix in {".bin", ".pt", ".pkl"}], "nothing we write needs pickle"
+
+
+def test_final_model_loads_in_transformers(ddp_run: Path, tiny_model_dir: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = ddp_run / "final"
+    assert (final / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(final)
+    tok = AutoTokenizer.from_pretrained(final)
+    ids = torch.tensor([tok("the quick brown fox")["input_ids"]])
+    assert torch.isfinite(model(ids).logits).all()
+    # the exported weights are the trained ones: equal to the last checkpoint's
+    ckpt = load_file(str(ddp_run / "checkpoints" / "step-000020" / "model.safetensors"))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, ckpt[name]), name
+    untrained = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert not torch.equal(untrained.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_stop_at_10_and_resume_gives_the_same_losses(ddp_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
+    """The run as if it had been killed after step 10's checkpoint, resumed with --resume latest."""
+    resumed = tmp_path / "run"
+    shutil.copytree(ddp_run, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-000020")
+    shutil.rmtree(resumed / "final")
+    (resumed / "run.json").unlink()
+    (resumed / "checkpoints" / "latest").write_text("step-000010\n")
+    args = tiny_job_args(tiny_model_dir, tiny_data, resumed, "--strategy", "ddp", "--num-processes", "2", "--max-steps", "20")
+    args += ["--set", "checkpoint.every=10", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=10", "--resume", "latest"]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    full, again = read_metrics(ddp_run), read_metrics(resumed)
+    assert sorted(again) == list(range(1, 21))  # steps 1-10 kept, 11-20 redone
+    for step in range(11, 21):
+        assert again[step]["loss"] == pytest.approx(full[step]["loss"], abs=1e-6), step
+        assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-9)
+    summary = json.loads((resumed / "run.json").read_text())
+    assert summary["start_step"] == 10 and summary["resumed_from"].endswith("step-000010")
