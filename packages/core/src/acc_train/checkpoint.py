@@ -114,7 +114,9 @@ def unflatten_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict[str, 
     for name, tensor in tensors.items():
         _, pid, key = name.split(".", 2)
         state[int(pid)][key] = tensor
-    return {"state": state, "param_groups": meta["param_groups"]}
+    # JSON has no tuples; optimizers keep e.g. ``betas`` as one
+    groups = [{k: (tuple(v) if isinstance(v, list) and k != "params" else v) for k, v in g.items()} for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
 
 
 def capture_rng() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from acc_train.errors import UserError, closest
 
@@ -109,6 +109,11 @@ class TrainingConfig(Section):
     #: Accelerate trackers: tensorboard, wandb, ... (``all`` for every installed one).
     report_to: list[str] = Field(default_factory=list)
     progress_bar: bool = True
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        return "no" if value is False else value  # YAML 1.1 reads a bare `no` as false
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingConfig:

@@ -194,7 +194,7 @@ class Registry(Generic[T]):
         entries: dict[str, tuple[T, str]] = {}
         pm = get_plugin_manager()
         caller = getattr(pm.hook, self.hook_name)
-        for impl in reversed(caller.get_hookimpls()):  # registration order
+        for impl in caller.get_hookimpls():  # registration order
             owner = impl.plugin_name
             staged: dict[str, tuple[T, str]] = {}
 

@@ -1,0 +1,176 @@
+"""The command as a user meets it: fast help, listings, and bad input handled without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def assert_user_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr, (fragment, proc.stderr)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["strategies"], ["plugins"], ["--print-config"]])
+def test_listing_and_help_import_neither_torch_nor_accelerate(args: list[str]) -> None:
+    code = (
+        "import sys\n"
+        "from acc_train_cli.main import cli\n"
+        f"try:\n    cli.main({args!r}, prog_name='acc-train', standalone_mode=False)\n"
+        "except SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('torch', 'accelerate', 'transformers', 'deepspeed') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+def test_help_lists_the_commands() -> None:
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for word in ("launch", "strategies", "plugins", "env", "--strategy", "--num-processes", "--resume", "--set"):
+        assert word in proc.stdout
+
+
+def test_strategies_lists_ddp_with_its_package() -> None:
+    proc = run_cli("strategies")
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("ddp "))
+    assert "acc-train-strategy-ddp" in line and "0.1.0" in line
+
+
+def test_plugins_prints_json_with_hooks_and_registrations() -> None:
+    proc = run_cli("plugins")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    by_name = {p["name"]: p for p in data["plugins"]}
+    assert by_name["ddp"]["hooks"] == ["acc_train_register_strategies"]
+    assert by_name["ddp"]["registered"] == {"strategies": ["ddp"]}
+    assert by_name["builtin"]["registered"] == {"checkpoint_formats": ["full-state"]}
+
+
+def test_env_reports_versions() -> None:
+    proc = run_cli("env")
+    assert proc.returncode == 0, proc.stderr
+    for key in ("python", "torch", "accelerate", "acc-train-core", "acc-train-strategy-ddp", "cuda available"):
+        assert key in proc.stdout
+
+
+def test_print_config_resolves_defaults_file_flags_and_set(tmp_path: Path) -> None:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("training:\n  max_steps: 30\n  seed: 1\nstrategy:\n  name: ddp\n  bucket_cap_mb: 50\n")
+    proc = run_cli("--config", str(cfg), "--seed", "5", "--set", "training.seed=9", "--set", "optimizer.lr=0.002", "--print-config")
+    assert proc.returncode == 0, proc.stderr
+    import yaml
+
+    resolved = yaml.safe_load(proc.stdout)
+    assert resolved["training"]["max_steps"] == 30  # file over default
+    assert resolved["training"]["seed"] == 9  # --set over flag over file
+    assert resolved["optimizer"]["lr"] == 0.002
+    assert resolved["strategy"]["bucket_cap_mb"] == 50
+    assert resolved["strategy"]["find_unused_parameters"] is False  # strategy defaults filled in
+
+
+def test_unknown_key_in_file_names_file_line_and_closest_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("training:\n  seed: 1\n  max_step: 30\n")
+    proc = run_cli("--config", str(cfg), "--print-config")
+    assert_user_error(proc, "training.max_step", f"{cfg}:3", 'did you mean "training.max_steps"')
+
+
+def test_unknown_strategy_option_suggests_the_right_one() -> None:
+    proc = run_cli("--set", "strategy.bucket_cap=10", "--print-config")
+    assert_user_error(proc, "strategy.bucket_cap", 'did you mean "strategy.bucket_cap_mb"', "--set strategy.bucket_cap=10")
+
+
+def test_wrong_types_and_ranges_are_reported_together() -> None:
+    proc = run_cli("--set", "training.micro_batch_size=0", "--set", "optimizer.lr=fast", "--print-config")
+    assert_user_error(proc, "training.micro_batch_size", "greater than or equal to 1", "optimizer.lr", "'fast'")
+
+
+def test_conflicting_options() -> None:
+    proc = run_cli("--max-steps", "10", "--epochs", "2", "--print-config")
+    assert_user_error(proc, "max_steps or training.epochs, not both")
+
+
+def test_missing_config_file() -> None:
+    proc = run_cli("--config", "/nonexistent/job.yaml")
+    assert_user_error(proc, "--config", "does not exist")
+
+
+def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("training:\n  seed: 1\n  max_steps: [1, 2\n")
+    proc = run_cli("--config", str(cfg))
+    assert_user_error(proc, "not valid YAML", f"{cfg}:")
+
+
+def test_malformed_set() -> None:
+    assert_user_error(run_cli("--set", "training.seed"), "--set expects key.path=value")
+
+
+def test_strategy_not_installed_names_the_package() -> None:
+    # whatever else is installed, block the fsdp plugin: the message must name what to install
+    proc = run_cli("--strategy", "fsdp", env={"ACC_TRAIN_BLOCK_PLUGINS": "fsdp"})
+    assert_user_error(proc, 'strategy "fsdp" is not installed', "pip install acc-train-strategy-fsdp", "installed strategies: ddp")
+
+
+def test_unknown_strategy_lists_installed_ones() -> None:
+    proc = run_cli("--strategy", "dpp")
+    assert_user_error(proc, 'unknown strategy "dpp"', 'did you mean "ddp"')
+
+
+def test_number_of_processes_below_one() -> None:
+    assert_user_error(run_cli("--num-processes", "0", "--print-config"), "launch.num_processes", "--num-processes")
+
+
+def test_existing_run_is_not_overwritten(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    proc = run_cli("--output-dir", str(out), "--max-steps", "1")
+    assert_user_error(proc, "already holds a run", "--resume latest", "--overwrite")
+    assert (out / "metrics.jsonl").read_text() == '{"step": 1, "loss": 1.0}\n'
+
+
+def test_resume_latest_without_checkpoint(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_cli("--output-dir", str(out), "--resume", "latest")
+    assert_user_error(proc, "no complete checkpoint")
+
+
+def test_model_path_without_config(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    proc = run_cli("--set", f"model.name_or_path={tmp_path / 'model'}", "--output-dir", str(tmp_path / "out"))
+    assert_user_error(proc, "has no config.json", "model.name_or_path")
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_data_file(tmp_path: Path) -> None:
+    proc = run_cli("--set", "data.train_files=[/nope/train.jsonl]", "--output-dir", str(tmp_path / "out"))
+    assert_user_error(proc, "data.train_files", "does not exist")
+
+
+def test_broken_plugin_is_named_and_the_others_keep_working(tmp_path: Path) -> None:
+    dist = tmp_path / "broken_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[acc_train]\nbroken = broken_plugin_module\n")
+    (tmp_path / "broken_plugin_module.py").write_text("raise ImportError('this plugin is broken')\n")
+    import os
+
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = run_cli("strategies", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1].startswith("ddp ")
+    assert 'plugin "broken" (distribution broken-plugin) was skipped' in proc.stderr
+    assert "this plugin is broken" in proc.stderr

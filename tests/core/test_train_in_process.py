@@ -1,0 +1,91 @@
+"""The loop in one process (no launch): the demo job, hooks, and the final model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acc_train import hookimpl, plugins
+from acc_train.config import load_job
+from acc_train.trainer import prepare_output_dir, train
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    plugins.reset()
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    plugins.reset()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    @hookimpl
+    def acc_train_train_start(self, run: Any) -> None:
+        self.calls.append(("train_start", run.step))
+
+    @hookimpl
+    def acc_train_step_end(self, run: Any, step: int, metrics: dict[str, Any]) -> None:
+        self.calls.append(("step_end", step))
+
+    @hookimpl
+    def acc_train_eval_end(self, run: Any, step: int, metrics: dict[str, Any]) -> None:
+        self.calls.append(("eval_end", step))
+
+    @hookimpl
+    def acc_train_checkpoint_saved(self, run: Any, step: int, path: str) -> None:
+        self.calls.append(("checkpoint_saved", step))
+
+    @hookimpl
+    def acc_train_train_end(self, run: Any, summary: dict[str, Any]) -> None:
+        self.calls.append(("train_end", summary["steps"]))
+
+
+def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    recorder = Recorder()
+    plugins.get_plugin_manager().register(recorder, name="recorder")
+    job = load_job(
+        flags={"output_dir": (str(tmp_path / "run"), "--output-dir"), "training.max_steps": (6, "--max-steps")},
+        sets=[
+            "model.config={hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}",
+            "data.seq_len=32",
+            "data.demo_max_bytes=60000",
+            "training.micro_batch_size=4",
+            "training.mixed_precision=no",
+            "training.progress_bar=false",
+            "training.eval_every=3",
+            "checkpoint.every=4",
+        ],
+    )
+    out = prepare_output_dir(job)
+    summary = train(job)
+
+    assert recorder.calls == [
+        ("train_start", 0),
+        ("step_end", 1), ("step_end", 2), ("step_end", 3), ("eval_end", 3),
+        ("step_end", 4), ("checkpoint_saved", 4), ("step_end", 5),
+        ("step_end", 6), ("eval_end", 6), ("checkpoint_saved", 6),
+        ("train_end", 6),
+    ]  # fmt: skip
+    assert summary["distributed_type"] == "DistributedType.NO" and summary["world_size"] == 1
+    assert json.loads((out / "run.json").read_text())["steps"] == 6
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-000006"
+    model = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert model.config.vocab_size == 256 and model.config.hidden_size == 32
+    assert torch.isfinite(model(torch.tensor([list(b"import os")])).logits).all()
