@@ -102,3 +102,15 @@ def tiny_job_args(model: Path, data: dict[str, Path], out: Path, *extra: str) ->
         "--output-dir", str(out),
         *extra,
     ]  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """GPU-only tests skip cleanly where no GPU exists."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

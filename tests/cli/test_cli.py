@@ -174,3 +174,7 @@ def test_broken_plugin_is_named_and_the_others_keep_working(tmp_path: Path) -> N
     assert proc.stdout.splitlines()[1].startswith("ddp ")
     assert 'plugin "broken" (distribution broken-plugin) was skipped' in proc.stderr
     assert "this plugin is broken" in proc.stderr
+
+
+def test_unknown_tracker() -> None:
+    assert_user_error(run_cli("--report-to", "tensorbord", "--print-config"), "training.report_to", "unknown tracker 'tensorbord'")

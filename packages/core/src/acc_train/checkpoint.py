@@ -256,6 +256,7 @@ class CheckpointManager:
                 shutil.rmtree(staging)
             staging.mkdir(parents=True)
         acc.wait_for_everyone()
+        staging.mkdir(parents=True, exist_ok=True)  # machines without a shared filesystem
         self.fmt.save(acc, model, optimizer, staging)
         rank = acc.process_index
         rng_json, rng_tensors = capture_rng()

@@ -27,7 +27,20 @@ __all__ = [
     "DEFAULT_MAX_STEPS",
 ]
 
-DEFAULT_MAX_STEPS = 200
+DEFAULT_MAX_STEPS = 300
+
+#: Accelerate trackers and the modules that must import for each.
+TRACKER_MODULES: dict[str, tuple[str, ...]] = {
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow",),
+    "comet_ml": ("comet_ml",),
+    "aim": ("aim",),
+    "clearml": ("clearml",),
+    "dvclive": ("dvclive",),
+    "swanlab": ("swanlab",),
+    "trackio": ("trackio",),
+}
 
 SCHEDULERS = (
     "linear",
@@ -93,7 +106,7 @@ class SchedulerConfig(Section):
 
 
 class TrainingConfig(Section):
-    #: Optimizer steps. Default 200 when neither this nor ``epochs`` is set.
+    #: Optimizer steps. Default 300 when neither this nor ``epochs`` is set.
     max_steps: int | None = Field(None, ge=1)
     epochs: int | None = Field(None, ge=1)
     micro_batch_size: int = Field(8, ge=1)
@@ -115,6 +128,19 @@ class TrainingConfig(Section):
     def _yaml_no(cls, value: Any) -> Any:
         return "no" if value is False else value  # YAML 1.1 reads a bare `no` as false
 
+    @field_validator("report_to")
+    @classmethod
+    def _trackers_installed(cls, value: list[str]) -> list[str]:
+        import importlib.util
+
+        for name in value:
+            module = TRACKER_MODULES.get(name)
+            if name != "all" and module is None:
+                raise ValueError(f"unknown tracker {name!r}; known: {', '.join(sorted(TRACKER_MODULES))}, all")
+            if module and not any(importlib.util.find_spec(m) for m in module):
+                raise ValueError(f"tracker {name!r} is not installed (pip install {module[0]})")
+        return value
+
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingConfig:
         if self.max_steps is not None and self.epochs is not None:
@@ -124,7 +150,7 @@ class TrainingConfig(Section):
 
 class CheckpointConfig(Section):
     #: Save every N steps (and after the last); 0 saves only after the last step.
-    every: int = Field(0, ge=0)
+    every: int = Field(100, ge=0)
     #: Keep the N most recent complete checkpoints; null keeps all.
     keep_last: int | None = Field(2, ge=1)
 

@@ -15,11 +15,11 @@ __all__ = ["DEMO_MODEL_CONFIG", "build_model", "load_tokenizer", "check_model_pa
 #: The demo model: a small Llama over the 256 byte values; ``model.config`` overrides these.
 DEMO_MODEL_CONFIG: dict[str, Any] = {
     "vocab_size": 256,
-    "hidden_size": 128,
-    "intermediate_size": 344,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
+    "hidden_size": 192,
+    "intermediate_size": 512,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 6,
     "max_position_embeddings": 1024,
     "tie_word_embeddings": False,
     "bos_token_id": None,

@@ -36,7 +36,8 @@ def prepare_output_dir(job: ResolvedJob) -> Path:
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"{str(out)!r} exists and is not a directory", where="--output-dir")
-    existing = [name for name in RUN_FILES if (out / name).exists()]
+    # a config.yaml alone is a launch that never trained: it is simply replaced
+    existing = [name for name in RUN_FILES if name != "config.yaml" and (out / name).exists()]
     if existing and not cfg.resume and not cfg.overwrite:
         raise UserError(
             f"{str(out)!r} already holds a run ({', '.join(existing)})",
@@ -361,17 +362,15 @@ def _summary(
         "elapsed_s": round(state.elapsed_s, 3),
         "step_time_s": statistics.fmean(step_times) if step_times else None,
         "step_time_median_s": statistics.median(step_times) if step_times else None,
-        "model_parameters": sum(p.numel() for p in unwrapped.parameters()) if machine.world_size == 1 or not per_rank else _model_numel(unwrapped),
+        "model_parameters": _model_numel(unwrapped),
         "per_rank": per_rank,
         "checkpoints": saved,
     }
 
 
 def _model_numel(model: Any) -> int:
-    total = 0
-    for p in model.parameters():
-        total += getattr(p, "ds_numel", None) or p.numel()
-    return total
+    """Parameter elements of the whole model, however it is sharded (DTensor numel is global)."""
+    return sum(getattr(p, "ds_numel", None) or p.numel() for p in model.parameters())
 
 
 def _save_final(accelerator: Any, model: Any, tokenizer: Any, out: Path) -> None:
