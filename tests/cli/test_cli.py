@@ -178,3 +178,13 @@ def test_broken_plugin_is_named_and_the_others_keep_working(tmp_path: Path) -> N
 
 def test_unknown_tracker() -> None:
     assert_user_error(run_cli("--report-to", "tensorbord", "--print-config"), "training.report_to", "unknown tracker 'tensorbord'")
+
+
+def test_model_directory_without_tokenizer(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import shutil
+
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(tiny_model_dir / "config.json", model / "config.json")
+    proc = run_cli("--set", f"model.name_or_path={model}", "--output-dir", str(tmp_path / "out"))
+    assert_user_error(proc, "holds no tokenizer", "model.tokenizer")

@@ -107,3 +107,20 @@ def test_stop_at_10_and_resume_gives_the_same_losses(ddp_run: Path, tmp_path: Pa
         assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-9)
     summary = json.loads((resumed / "run.json").read_text())
     assert summary["start_step"] == 10 and summary["resumed_from"].endswith("step-000010")
+
+
+@pytest.mark.xdist_group("one-process")
+def test_one_launched_process_trains_and_a_worker_side_input_error_exits_2(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
+    out = tmp_path / "one"
+    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, out, "--num-processes", "1", "--max-steps", "3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "run.json").read_text())
+    assert summary["world_size"] == 1 and summary["steps"] == 3
+    # a mistake only the worker can see (the data's fields): exit 2, one message, no traceback
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"content": "the quick brown fox jumps over a lazy dog"}\n' * 50)
+    args = tiny_job_args(tiny_model_dir, {"train": bad, "eval": tiny_data["eval"]}, tmp_path / "bad-run", "--num-processes", "1")
+    proc = run_cli(*args)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "data.text_field" in proc.stderr and "'content'" in proc.stderr
+    assert "Traceback" not in proc.stderr

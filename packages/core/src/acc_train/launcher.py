@@ -76,8 +76,9 @@ def launch(section: LaunchSection, args: list[str], env: dict[str, str]) -> None
     os.environ.update(env)
     if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does, but sized to the machine
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
-    logging.getLogger("torch.distributed.launcher").setLevel(logging.ERROR)
+    # failures are reported below, failing rank first; the agent's own log lines only repeat them
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.distributed.launcher").setLevel(logging.CRITICAL)
     try:
         elastic_launch(_launch_config(section, nproc), sys.executable)(*args)
     except ChildFailedError as exc:

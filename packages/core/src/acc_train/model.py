@@ -28,6 +28,9 @@ DEMO_MODEL_CONFIG: dict[str, Any] = {
 }
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def _looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).exists()
 
@@ -46,6 +49,13 @@ def check_model_path(cfg: ModelConfig) -> None:
                 f"{name!r} has no config.json, so it is not a transformers model directory",
                 where="model.name_or_path",
                 hint="point at a directory written by save_pretrained",
+            )
+        tokenizer_here = key == "tokenizer" or not cfg.tokenizer
+        if tokenizer_here and not any((path / f).is_file() for f in TOKENIZER_FILES):
+            raise UserError(
+                f"{name!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})",
+                where=f"model.{key}",
+                hint="set model.tokenizer to a directory with the tokenizer saved by save_pretrained",
             )
 
 

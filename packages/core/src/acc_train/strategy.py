@@ -94,9 +94,9 @@ class Strategy(ABC):
         """Names of Accelerate ``DistributedType`` members this strategy accepts on ``machine``.
         If Accelerate picks another one, the run stops with an error instead of training
         under a strategy the user did not ask for."""
-        if machine.world_size == 1:
-            return {"NO"}
-        return {"MULTI_CPU"} if machine.device_type == "cpu" else {f"MULTI_{machine.device_type.upper()}"}
+        multi = "MULTI_GPU" if machine.device_type == "cuda" else f"MULTI_{machine.device_type.upper()}"
+        # one process: NO in-process, or a one-rank process group under the launcher
+        return {"NO", multi} if machine.world_size == 1 else {multi}
 
     def summary(self, accelerator: Accelerator, options: StrategyOptions) -> dict[str, Any]:
         """Extra keys for ``run.json`` (e.g. a ZeRO stage)."""
