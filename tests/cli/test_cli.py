@@ -188,3 +188,51 @@ def test_model_directory_without_tokenizer(tmp_path: Path, tiny_model_dir: Path)
     shutil.copy(tiny_model_dir / "config.json", model / "config.json")
     proc = run_cli("--set", f"model.name_or_path={model}", "--output-dir", str(tmp_path / "out"))
     assert_user_error(proc, "holds no tokenizer", "model.tokenizer")
+
+
+def test_yaml_floats_as_people_write_them(tmp_path: Path) -> None:
+    import yaml
+
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("optimizer:\n  lr: 1e-4\n  eps: 1e-8\n")
+    proc = run_cli("--config", str(cfg), "--set", "optimizer.weight_decay=5e-2", "--print-config")
+    assert proc.returncode == 0, proc.stderr
+    resolved = yaml.safe_load(proc.stdout)["optimizer"]
+    assert (resolved["lr"], resolved["eps"], resolved["weight_decay"]) == (1e-4, 1e-8, 0.05)
+
+
+def test_accelerate_config_file_for_ddp_is_accepted(tmp_path: Path) -> None:
+    import yaml
+
+    cfg = tmp_path / "default_config.yaml"
+    cfg.write_text(
+        "compute_environment: LOCAL_MACHINE\ndebug: false\ndistributed_type: MULTI_CPU\ndowncast_bf16: 'no'\n"
+        "enable_cpu_affinity: false\nmachine_rank: 0\nmain_training_function: main\nmixed_precision: 'no'\n"
+        "num_machines: 1\nnum_processes: 2\nrdzv_backend: static\nsame_network: true\ntpu_env: []\n"
+        "tpu_use_cluster: false\ntpu_use_sudo: false\nuse_cpu: true\n"
+    )
+    proc = run_cli("--config", str(cfg), "--print-config")
+    assert proc.returncode == 0, proc.stderr
+    resolved = yaml.safe_load(proc.stdout)
+    assert resolved["launch"]["num_processes"] == 2
+    assert resolved["training"]["mixed_precision"] == "no"
+    assert resolved["strategy"]["name"] == "ddp"
+
+
+def test_accelerate_config_for_a_strategy_not_installed(tmp_path: Path) -> None:
+    cfg = tmp_path / "fsdp.yaml"
+    cfg.write_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n")
+    proc = run_cli("--config", str(cfg), "--print-config", env={"ACC_TRAIN_BLOCK_PLUGINS": "fsdp"})
+    assert_user_error(proc, 'strategy "fsdp" is not installed', "acc-train-strategy-fsdp")
+
+
+def test_launch_refuses_options_of_the_training_loop(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("print('never runs')\n")
+    proc = run_cli("launch", "--max-steps", "5", str(script))
+    assert_user_error(proc, "--max-steps applies to acc-train's own training loop")
+
+
+def test_several_machines_need_the_main_address() -> None:
+    proc = run_cli("--num-machines", "2", "--print-config")
+    assert_user_error(proc, "--main-process-ip")

@@ -89,3 +89,30 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     assert model.config.vocab_size == 256 and model.config.hidden_size == 32
     assert torch.isfinite(model(torch.tensor([list(b"import os")])).logits).all()
+
+
+def test_resume_refuses_settings_that_change_the_data_order(tmp_path: Path) -> None:
+    from acc_train.errors import UserError
+
+    sets = [
+        "model.config={hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}",
+        "data.seq_len=16",
+        "data.demo_max_bytes=20000",
+        "training.micro_batch_size=2",
+        "training.mixed_precision=no",
+        "training.progress_bar=false",
+    ]
+    out = str(tmp_path / "run")
+    job = load_job(flags={"output_dir": (out, "--output-dir"), "training.max_steps": (2, "--max-steps")}, sets=sets)
+    prepare_output_dir(job)
+    train(job)
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    again = load_job(
+        flags={"output_dir": (out, "--output-dir"), "training.max_steps": (4, "--max-steps"), "resume": ("latest", "--resume")},
+        sets=[*sets, "training.seed=1"],
+    )
+    with pytest.raises(UserError, match=r"would not continue the checkpoint's data order:\n  seed: checkpoint 42, this run 1"):
+        train(again)

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("ddp-run")]
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
     out = tmp_path_factory.mktemp("ddp") / "run"
-    args = tiny_job_args(tiny_model_dir, tiny_data, out, "--strategy", "ddp", "--num-processes", "2", "--max-steps", "20")
+    data = {"train": tiny_data["train_small"], "eval": tiny_data["eval"]}  # 20 steps cross epochs
+    args = tiny_job_args(tiny_model_dir, data, out, "--strategy", "ddp", "--num-processes", "2", "--max-steps", "20")
     args += ["--set", "checkpoint.every=10", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=10"]
     args += ["--report-to", "tensorboard"]
     proc = run_cli(*args)
@@ -96,11 +97,13 @@ def test_stop_at_10_and_resume_gives_the_same_losses(ddp_run: Path, tmp_path: Pa
     shutil.rmtree(resumed / "final")
     (resumed / "run.json").unlink()
     (resumed / "checkpoints" / "latest").write_text("step-000010\n")
-    args = tiny_job_args(tiny_model_dir, tiny_data, resumed, "--strategy", "ddp", "--num-processes", "2", "--max-steps", "20")
+    data = {"train": tiny_data["train_small"], "eval": tiny_data["eval"]}
+    args = tiny_job_args(tiny_model_dir, data, resumed, "--strategy", "ddp", "--num-processes", "2", "--max-steps", "20")
     args += ["--set", "checkpoint.every=10", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=10", "--resume", "latest"]
     proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr[-4000:]
     full, again = read_metrics(ddp_run), read_metrics(resumed)
+    assert full[10]["epoch"] >= 1 and full[20]["epoch"] > full[10]["epoch"], "the resume must cross epochs"
     assert sorted(again) == list(range(1, 21))  # steps 1-10 kept, 11-20 redone
     for step in range(11, 21):
         assert again[step]["loss"] == pytest.approx(full[step]["loss"], abs=1e-6), step

@@ -44,6 +44,13 @@ FLAG_KEYS: dict[str, str] = {
 }
 
 
+#: options that only mean something to acc-train's own loop, not to a launched script
+LOOP_ONLY = (
+    "max_steps", "epochs", "micro_batch_size", "gradient_accumulation_steps", "lr", "seed",
+    "output_dir", "report_to", "resume", "overwrite",
+)  # fmt: skip
+
+
 def _options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The job options, shared by training and ``launch``."""
     opts = [
@@ -193,6 +200,14 @@ def launch(ctx: click.Context, script: str, script_args: tuple[str, ...], **para
     from acc_train.errors import UserError
 
     merged = {k: (v if v not in (None, ()) else (ctx.obj or {}).get(k)) for k, v in params.items()}
+    for name in LOOP_ONLY:
+        if merged.get(name) not in (None, ()):
+            flag = "--" + name.replace("_", "-")
+            raise UserError(
+                f"{flag} applies to acc-train's own training loop; `launch` runs your script, which sets it itself",
+                where=flag,
+                hint="pass it to your script after SCRIPT instead",
+            )
     if not os.path.isfile(script):
         raise UserError(f"script {script!r} does not exist", where="launch SCRIPT")
     job = _resolve(merged)

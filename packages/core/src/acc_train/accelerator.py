@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
 import accelerate
@@ -78,6 +79,12 @@ def _merge_kwargs(base: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
     for key, value in user.items():
         if key == "kwargs_handlers":
             user_types = {type(h) for h in value or []}
+            for handler in out.get(key, []):
+                if type(handler) in user_types:
+                    warnings.warn(
+                        f"the script's own {type(handler).__name__} replaces the one the strategy built from its options",
+                        stacklevel=3,
+                    )
             out[key] = [h for h in out.get(key, []) if type(h) not in user_types] + list(value or [])
         elif key in out and out[key] is not None and value is not None and key.endswith("_plugin"):
             raise UserError(
@@ -112,11 +119,13 @@ class Accelerator(accelerate.Accelerator):
         if merged.get("mixed_precision") in (None, "auto"):
             requested = merged.get("mixed_precision") or os.environ.get("ACC_TRAIN_MIXED_PRECISION", "auto")
             merged["mixed_precision"] = resolve_mixed_precision(requested, machine)
+        self.acc_kwargs = merged
         super().__init__(*args, **merged)
         self.acc_strategy = strategy
         self.acc_strategy_options = strategy_options
         self.acc_machine = machine
         strategy.after_accelerator(self, strategy_options)
+        self._acc_prepared: set[int] = set()
         expected = strategy.expected_distributed_types(machine)
         actual = self.distributed_type.name
         if actual not in expected:
@@ -125,3 +134,19 @@ class Accelerator(accelerate.Accelerator):
                 f"on {machine.world_size} {machine.device_type} process(es), but it chose {actual}; "
                 "refusing to train under a strategy that was not asked for"
             )
+
+    def _before_prepare(self, objects: tuple[Any, ...]) -> None:
+        import torch
+
+        for obj in objects:
+            if isinstance(obj, torch.nn.Module) and id(obj) not in self._acc_prepared:
+                self._acc_prepared.add(id(obj))
+                self.acc_strategy.before_prepare(self, obj, self.acc_strategy_options)
+
+    def prepare(self, *args: Any, **kwargs: Any) -> Any:
+        self._before_prepare(args)
+        return super().prepare(*args, **kwargs)
+
+    def prepare_model(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        self._before_prepare((model,))
+        return super().prepare_model(model, *args, **kwargs)

@@ -63,7 +63,6 @@ class TrainerState:
     batches_in_epoch: int = 0
     tokens: int = 0
     elapsed_s: float = 0.0
-    world_size: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -99,10 +98,10 @@ def flatten_optimizer_state(state_dict: dict[str, Any]) -> tuple[dict[str, torch
 
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
-    for pid, pstate in state_dict["state"].items():
+    for pid, pstate in state_dict["state"].items():  # pid: an index, or a parameter name
         for key, value in pstate.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"state.{pid}.{key}"] = value.detach().contiguous().cpu()
+                tensors[f"state/{pid}/{key}"] = value.detach().contiguous().cpu()
             else:
                 scalars.setdefault(str(pid), {})[key] = value
     meta = {"param_groups": state_dict["param_groups"], "scalars": scalars, "param_ids": [str(p) for p in state_dict["state"]]}
@@ -110,10 +109,13 @@ def flatten_optimizer_state(state_dict: dict[str, Any]) -> tuple[dict[str, torch
 
 
 def unflatten_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
-    state: dict[int, dict[str, Any]] = {int(pid): dict(meta["scalars"].get(pid, {})) for pid in meta["param_ids"]}
+    def key_of(pid: str) -> int | str:
+        return int(pid) if pid.isdigit() else pid
+
+    state: dict[int | str, dict[str, Any]] = {key_of(pid): dict(meta["scalars"].get(pid, {})) for pid in meta["param_ids"]}
     for name, tensor in tensors.items():
-        _, pid, key = name.split(".", 2)
-        state[int(pid)][key] = tensor
+        _, pid, key = name.split("/")
+        state[key_of(pid)][key] = tensor
     # JSON has no tuples; optimizers keep e.g. ``betas`` as one
     groups = [{k: (tuple(v) if isinstance(v, list) and k != "params" else v) for k, v in g.items()} for g in meta["param_groups"]]
     return {"state": state, "param_groups": groups}
@@ -237,12 +239,25 @@ def find_checkpoint(output_dir: Path, resume: str) -> Path | None:
 class CheckpointManager:
     """Saves and restores checkpoints for one run, atomically."""
 
-    def __init__(self, accelerator: Accelerator, output_dir: Path, fmt: CheckpointFormat, keep_last: int | None, manifest_extra: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        output_dir: Path,
+        fmt: CheckpointFormat,
+        keep_last: int | None,
+        manifest_extra: dict[str, Any],
+        data_signature: dict[str, Any],
+    ) -> None:
         self.accelerator = accelerator
         self.root = output_dir / "checkpoints"
         self.fmt = fmt
         self.keep_last = keep_last
         self.manifest_extra = manifest_extra
+        #: what decides which batch comes next: a resume must not change any of it
+        self.data_signature = data_signature
+        if accelerator.is_main_process and self.root.is_dir():
+            for stale in self.root.glob(f"{STAGING_PREFIX}*"):  # left by a save that was killed
+                shutil.rmtree(stale, ignore_errors=True)
 
     def save(self, model: Any, optimizer: Any, scheduler: Any, state: TrainerState) -> Path:
         from safetensors.torch import save_file
@@ -263,7 +278,10 @@ class CheckpointManager:
         _write_json(staging / f"rng-rank{rank:05d}.json", rng_json)
         save_file(rng_tensors, str(staging / f"rng-rank{rank:05d}.safetensors"))
         if acc.is_main_process:
-            _write_json(staging / "trainer_state.json", {**state.to_json(), "scheduler": scheduler.state_dict()})
+            extra = {"scheduler": scheduler.state_dict()}
+            if getattr(acc, "scaler", None) is not None:  # fp16 loss scale
+                extra["grad_scaler"] = acc.scaler.state_dict()
+            _write_json(staging / "trainer_state.json", {**state.to_json(), **extra})
         acc.wait_for_everyone()
         if acc.is_main_process:
             files = {
@@ -278,25 +296,33 @@ class CheckpointManager:
                 "batches_in_epoch": state.batches_in_epoch,
                 "world_size": acc.num_processes,
                 **self.manifest_extra,
+                "data": self.data_signature,
                 "files": files,
             }
             _write_json(staging / MANIFEST, manifest)
-            if final.exists():  # a re-save of the same step (resumed run): replace it
-                shutil.rmtree(final)
+            replaced = None
+            if final.exists():  # a re-save of the same step (a resumed run): set the old one aside first
+                replaced = self.root / f"{STAGING_PREFIX}replaced-{name}"
+                os.replace(final, replaced)
             os.replace(staging, final)
             pointer_tmp = self.root / f"{LATEST}.tmp"
             pointer_tmp.write_text(name + "\n")
             os.replace(pointer_tmp, self.root / LATEST)
-            self._retain()
+            if replaced is not None:
+                shutil.rmtree(replaced, ignore_errors=True)
+            self._retain(state.step)
         acc.wait_for_everyone()
         return final
 
-    def _retain(self) -> None:
-        if self.keep_last is None:
-            return
+    def _retain(self, step: int) -> None:
+        """Delete checkpoints beyond ``keep_last``, and those ahead of ``step``: they belong to
+        the timeline a resume from an earlier checkpoint abandoned."""
         complete = sorted(p for p in self.root.glob("step-*") if (p / MANIFEST).is_file())
-        for old in complete[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        ahead = [p for p in complete if int(p.name.removeprefix("step-")) > step]
+        current = [p for p in complete if p not in ahead]
+        old = current[: -self.keep_last] if self.keep_last is not None else []
+        for path in ahead + old:
+            shutil.rmtree(path, ignore_errors=True)
 
     def load(self, path: Path, model: Any, optimizer: Any, scheduler: Any) -> TrainerState:
         from safetensors.torch import load_file
@@ -309,15 +335,20 @@ class CheckpointManager:
                 hint="resume under the strategy that wrote it",
             )
         acc = self.accelerator
-        if manifest["world_size"] != acc.num_processes:
+        written = manifest.get("data", {})
+        changed = [f"{k}: checkpoint {written.get(k)!r}, this run {v!r}" for k, v in self.data_signature.items() if written.get(k) != v]
+        if changed:
             raise UserError(
-                f"checkpoint was written by {manifest['world_size']} processes, this run has {acc.num_processes}",
-                where=str(path),
-                hint="resume with the same number of processes",
+                "this run would not continue the checkpoint's data order:\n  " + "\n  ".join(changed),
+                where=f"--resume {path}",
+                hint="resume with the settings the checkpoint was written with (its run's config.yaml)",
             )
         self.fmt.load(acc, model, optimizer, path)
         raw = json.loads((path / "trainer_state.json").read_text())
         scheduler.load_state_dict(raw.pop("scheduler"))
+        scaler_state = raw.pop("grad_scaler", None)
+        if scaler_state is not None and getattr(acc, "scaler", None) is not None:
+            acc.scaler.load_state_dict(scaler_state)
         state = TrainerState(**raw)
         rank = acc.process_index
         restore_rng(

@@ -8,6 +8,7 @@ flag, or ``--set``).
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -50,8 +51,6 @@ SCHEDULERS = (
     "constant",
     "constant_with_warmup",
     "inverse_sqrt",
-    "cosine_with_min_lr",
-    "warmup_stable_decay",
 )
 
 
@@ -160,7 +159,8 @@ class LaunchConfig(Section):
     num_processes: int | None = Field(None, ge=1)
     num_machines: int = Field(1, ge=1)
     machine_rank: int = Field(0, ge=0)
-    main_process_ip: str = "127.0.0.1"
+    #: Address of machine 0; required with several machines.
+    main_process_ip: str | None = None
     main_process_port: int = Field(29500, ge=1, le=65535)
     #: ``static`` (fixed machine ranks) or ``c10d`` (elastic rendezvous).
     rdzv_backend: Literal["static", "c10d"] = "static"
@@ -168,6 +168,8 @@ class LaunchConfig(Section):
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> LaunchConfig:
+        if self.num_machines > 1 and not self.main_process_ip:
+            raise ValueError("with several machines, launch.main_process_ip (--main-process-ip) must name machine 0")
         if self.machine_rank >= self.num_machines:
             raise ValueError(
                 f"launch.machine_rank ({self.machine_rank}) must be below launch.num_machines ({self.num_machines})"
@@ -197,6 +199,24 @@ class JobConfig(Section):
         return self.training.max_steps
 
 
+class Loader(yaml.SafeLoader):
+    """YAML as people write it: ``1e-4`` is a float (PyYAML's YAML 1.1 rules read it as text)."""
+
+
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
 # ----------------------------------------------------------------------------------------
 # Sources and error locations
 # ----------------------------------------------------------------------------------------
@@ -221,7 +241,7 @@ def _yaml_lines(text: str, file: str) -> dict[str, str]:
     """dotted key -> "file:line" for every mapping key in a YAML document."""
     out: dict[str, str] = {}
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=Loader)
     except yaml.YAMLError:
         return out
 
@@ -247,7 +267,7 @@ def read_yaml_file(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
         )
     text = p.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         loc = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
@@ -267,7 +287,7 @@ def parse_set(item: str) -> tuple[str, Any]:
     if not sep or not key:
         raise UserError(f"--set expects key.path=value, got {item!r}", where="--set", hint="e.g. --set training.max_steps=50")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=Loader) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -387,6 +407,10 @@ def load_job(
     raw: dict[str, Any] = copy.deepcopy(base or {})
     if config_file is not None:
         data, lines = read_yaml_file(config_file)
+        if is_accelerate_config(data):
+            data = from_accelerate_config(data, str(config_file))
+        if isinstance(data.get("strategy"), str):  # `strategy: ddp` shorthand
+            data["strategy"] = {"name": data["strategy"]}
         raw = deep_merge(raw, data)
         sources.origins.update(lines)
     for dotted, (value, flag) in (flags or {}).items():
@@ -411,3 +435,73 @@ def load_job(
 def load_resolved(path: str | Path) -> ResolvedJob:
     """Load a config written by :meth:`ResolvedJob.to_yaml` (what workers read)."""
     return load_job(path)
+
+
+# ----------------------------------------------------------------------------------------
+# Config files written by `accelerate config`
+# ----------------------------------------------------------------------------------------
+
+#: top-level keys of an accelerate config file that carry nothing acc-train needs to act on
+ACCELERATE_PASSIVE_KEYS = {
+    "compute_environment", "debug", "downcast_bf16", "enable_cpu_affinity", "gpu_ids",
+    "main_training_function", "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo",
+    "use_cpu", "dynamo_config", "fsdp_config", "deepspeed_config", "megatron_lm_config",
+}  # fmt: skip
+ACCELERATE_MAPPED_KEYS = {
+    "distributed_type", "mixed_precision", "num_processes", "num_machines", "machine_rank",
+    "main_process_ip", "main_process_port", "rdzv_backend",
+}  # fmt: skip
+DATA_PARALLEL_TYPES = {"NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU"}
+
+
+def is_accelerate_config(data: dict[str, Any]) -> bool:
+    return "distributed_type" in data or "compute_environment" in data
+
+
+def from_accelerate_config(data: dict[str, Any], file: str) -> dict[str, Any]:
+    """An ``accelerate config`` YAML as an acc-train config. Core maps the top level; the
+    strategy plugin that answers ``acc_train_accelerate_config`` maps its own section."""
+    from acc_train.plugins import get_plugin_manager
+
+    for key in data:
+        if key not in ACCELERATE_PASSIVE_KEYS | ACCELERATE_MAPPED_KEYS:
+            near = closest(key, ACCELERATE_PASSIVE_KEYS | ACCELERATE_MAPPED_KEYS)
+            raise UserError(
+                f"unknown accelerate config key {key!r}" + (f'; did you mean "{near}"?' if near else ""),
+                where=file,
+                hint="this file was read as an `accelerate config` file because it has distributed_type",
+            )
+    if str(data.get("compute_environment", "LOCAL_MACHINE")) != "LOCAL_MACHINE":
+        raise UserError(f"compute_environment {data['compute_environment']!r} is not supported", where=file, hint="use LOCAL_MACHINE")
+    out: dict[str, Any] = {"launch": {}}
+    machines = int(data.get("num_machines", 1))
+    if "num_processes" in data:  # accelerate counts processes over all machines
+        total = int(data["num_processes"])
+        if total % machines:
+            raise UserError(f"num_processes {total} does not divide over num_machines {machines}", where=file)
+        out["launch"]["num_processes"] = total // machines
+    out["launch"]["num_machines"] = machines
+    for key in ("machine_rank", "main_process_ip", "main_process_port", "rdzv_backend"):
+        if data.get(key) not in (None, ""):
+            out["launch"][key] = data[key]
+    if "mixed_precision" in data:
+        mp = data["mixed_precision"]
+        out["training"] = {"mixed_precision": "no" if mp in (False, None) else str(mp)}
+    if out["launch"].get("rdzv_backend") not in (None, "static", "c10d"):
+        raise UserError(f"rdzv_backend {out['launch']['rdzv_backend']!r} is not supported", where=file, hint="use static or c10d")
+    kind = str(data.get("distributed_type", "NO"))
+    if kind in DATA_PARALLEL_TYPES:
+        out["strategy"] = {"name": "ddp"}
+        return out
+    section = get_plugin_manager().hook.acc_train_accelerate_config(distributed_type=kind, config=data)
+    if section is None:
+        from acc_train.plugins import KNOWN_STRATEGY_PACKAGES, strategies
+
+        name = {"FSDP": "fsdp", "DEEPSPEED": "deepspeed"}.get(kind)
+        if name is None:
+            raise UserError(f"distributed_type {kind} is not supported", where=file)
+        if name not in strategies().names():
+            raise strategies().not_found(name)
+        raise UserError(f"no installed plugin maps distributed_type {kind}", where=file, hint=f"update {KNOWN_STRATEGY_PACKAGES.get(name)}")
+    out["strategy"] = section
+    return out

@@ -67,6 +67,21 @@ def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat],
     """
 
 
+@hookspec(firstresult=True)
+def acc_train_accelerate_config(distributed_type: str, config: dict[str, Any]) -> dict[str, Any] | None:
+    """Map a config file written by ``accelerate config`` onto this plugin's strategy.
+
+    Called when ``acc-train --config FILE`` reads a file with a top-level ``distributed_type``
+    that core does not map itself (``FSDP``, ``DEEPSPEED``, ...). Return the ``strategy:``
+    section (``{"name": ..., **options}``) built from the file's own section (``fsdp_config``,
+    ``deepspeed_config``), or None when the type is not this plugin's. Stops at the first
+    non-None result. Raise :class:`acc_train.UserError` for a value that cannot be mapped.
+
+    :param distributed_type: the file's ``distributed_type``.
+    :param config: the whole file, as read.
+    """
+
+
 # -------------------------------------------------------------------------
 # Lifecycle hooks: called on every rank while a job trains.
 # -------------------------------------------------------------------------

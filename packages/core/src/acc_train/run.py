@@ -56,7 +56,7 @@ class RunReporter:
             return
         keep = []
         if self.resumed_step and self.metrics_path.is_file():  # drop steps the resumed run will redo
-            keep = [ln for ln in self.metrics_path.read_text().splitlines() if ln and json.loads(ln).get("step", 0) <= self.resumed_step]
+            keep = [ln for ln in self.metrics_path.read_text().splitlines() if _step_of(ln) <= self.resumed_step]
         self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
         self._file = open(self.metrics_path, "a", buffering=1)
         if run.config.training.progress_bar:
@@ -101,3 +101,11 @@ class RunReporter:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _step_of(line: str) -> float:
+    """The step a metrics line belongs to; a line cut short by a crash counts as unlogged."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")

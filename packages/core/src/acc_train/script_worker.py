@@ -18,9 +18,19 @@ def main() -> None:
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` does
 
+    from acc_train.errors import EXIT_USER_ERROR, UserError
+
     @record
     def run() -> None:
-        runpy.run_path(script, run_name="__main__")
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except UserError as exc:  # e.g. a strategy that cannot run here: one message, exit 2
+            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+            handler = ErrorHandler()
+            handler.initialize()
+            handler.record_exception(exc)
+            sys.exit(EXIT_USER_ERROR)
 
     run()
 

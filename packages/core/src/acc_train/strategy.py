@@ -88,7 +88,16 @@ class Strategy(ABC):
         user's own script is launched (``acc-train launch``)."""
 
     def after_accelerator(self, accelerator: Accelerator, options: StrategyOptions) -> None:
-        """Called right after the Accelerator is built, before anything is prepared."""
+        """Called right after the Accelerator is built, before anything is prepared.
+        ``accelerator.acc_kwargs`` holds the keyword arguments it was built with."""
+
+    def before_prepare(self, accelerator: Accelerator, model: Any, options: StrategyOptions) -> None:
+        """Called with each model just before Accelerate prepares (wraps) it, e.g. to resolve a
+        wrap policy against the model's layers."""
+
+    def checkpoint_format_for(self, options: StrategyOptions) -> str:
+        """The registered checkpoint format to save with, given the options."""
+        return self.checkpoint_format
 
     def expected_distributed_types(self, machine: Machine) -> set[str]:
         """Names of Accelerate ``DistributedType`` members this strategy accepts on ``machine``.

@@ -129,16 +129,23 @@ def train(job: ResolvedJob) -> dict[str, Any]:
     with accelerator.main_process_first():
         train_blocks, eval_blocks = load_blocks(cfg.data, tokenizer)
     model = build_model(cfg)
-    if tokenizer is None and train_blocks.max().item() >= model.config.vocab_size:
-        raise UserError("token ids exceed the model's vocab_size", where="model")
+    top = max(int(b.max().item()) for b in (train_blocks, eval_blocks) if b is not None)
+    if top >= model.config.vocab_size:
+        raise UserError(
+            f"the data holds token id {top}, but the model's vocab_size is {model.config.vocab_size}",
+            where="model.tokenizer" if cfg.model.tokenizer else "model",
+            hint="use the tokenizer that belongs to the model",
+        )
 
     mbs, gas = t_cfg.micro_batch_size, t_cfg.gradient_accumulation_steps
     sampler = ResumableSampler(len(train_blocks), t_cfg.seed, cfg.data.shuffle, group=world * mbs * gas)
-    train_dl = DataLoader(BlockDataset(train_blocks), batch_size=mbs, sampler=sampler, drop_last=True)
+    # its own generator: starting an iterator must not draw from the global RNG, or a resumed
+    # run would be one draw ahead of the uninterrupted one
+    train_dl = DataLoader(BlockDataset(train_blocks), batch_size=mbs, sampler=sampler, drop_last=True, generator=torch.Generator())
     eval_dl = None
     if eval_blocks is not None:
         eval_blocks = eval_blocks[: t_cfg.eval_batches * world * mbs]
-        eval_dl = DataLoader(BlockDataset(eval_blocks), batch_size=mbs, shuffle=False)
+        eval_dl = DataLoader(BlockDataset(eval_blocks), batch_size=mbs, shuffle=False, generator=torch.Generator())
     batches_per_epoch = sampler.usable // (world * mbs)
     steps_per_epoch = batches_per_epoch // gas
     max_steps = cfg.max_steps or t_cfg.epochs * steps_per_epoch  # type: ignore[operator]
@@ -153,15 +160,26 @@ def train(job: ResolvedJob) -> dict[str, Any]:
         warmup = math.ceil(cfg.scheduler.warmup_ratio * max_steps)
     scheduler = get_scheduler(cfg.scheduler.name, optimizer=optimizer, num_warmup_steps=warmup, num_training_steps=max_steps)
 
-    fmt = checkpoint_formats().get(job.strategy.checkpoint_format)
+    fmt = checkpoint_formats().get(job.strategy.checkpoint_format_for(job.options))
     manager = CheckpointManager(
         accelerator,
         out,
         fmt,
         cfg.checkpoint.keep_last,
         {"strategy": job.config.strategy["name"], "strategy_options": job.options.model_dump(mode="json")},
+        data_signature={
+            "world_size": world,
+            "micro_batch_size": mbs,
+            "gradient_accumulation_steps": gas,
+            "seed": t_cfg.seed,
+            "shuffle": cfg.data.shuffle,
+            "seq_len": cfg.data.seq_len,
+            "train_files": cfg.data.train_files,
+            "model": cfg.model.name_or_path or "demo",
+            "train_blocks": len(train_blocks),
+        },
     )
-    state = TrainerState(world_size=world)
+    state = TrainerState()
     resumed_from = None
     if cfg.resume:
         path = find_checkpoint(out, cfg.resume)
@@ -247,6 +265,7 @@ def _loop(
     world = accelerator.num_processes
     tokens_per_step = t_cfg.micro_batch_size * cfg.data.seq_len * t_cfg.gradient_accumulation_steps * world
     start_step = state.step
+    elapsed_before = state.elapsed_s  # training time of the runs this one resumes
     t_start = time.perf_counter()
     t_prev = t_start
     step_times: list[float] = []
@@ -257,14 +276,14 @@ def _loop(
     model.train()
 
     while state.step < max_steps:
-        sampler.set_epoch(state.epoch)
+        train_dl.set_epoch(state.epoch)  # Accelerate's loader re-sets the sampler's epoch from its own count
         sampler.set_start(state.batches_in_epoch * world * t_cfg.micro_batch_size)
         for batch in train_dl:
             with accelerator.accumulate(model):
                 loss = model(input_ids=batch, labels=batch).loss
                 accelerator.backward(loss)
-                if accelerator.sync_gradients and t_cfg.max_grad_norm:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm)
+                if accelerator.sync_gradients:  # without clipping, the norm is still measured
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm or math.inf)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             state.batches_in_epoch += 1
@@ -283,7 +302,7 @@ def _loop(
             now = time.perf_counter()
             if state.step - start_step > WARMUP_STEPS:
                 step_times.append(now - t_prev)
-            elapsed = state.elapsed_s + now - t_start
+            elapsed = elapsed_before + now - t_start
             metrics: dict[str, Any] = {"step": state.step, "epoch": state.epoch}
             last = state.step >= max_steps
             if state.step % t_cfg.log_every == 0 or last:

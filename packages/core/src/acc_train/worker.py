@@ -7,6 +7,7 @@ traceback; any other failure is recorded with its traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from acc_train.errors import EXIT_USER_ERROR, UserError
@@ -26,7 +27,10 @@ def main(argv: list[str] | None = None) -> None:
     @record
     def run() -> None:
         try:
-            train(load_resolved(args[0]))
+            job = load_resolved(args[0])
+            if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and not job.config.resume:
+                job.config.resume = "auto"  # restarted after a failure: continue from the latest checkpoint
+            train(job)
         except UserError as exc:
             handler = ErrorHandler()
             handler.initialize()
