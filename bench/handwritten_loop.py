@@ -77,7 +77,7 @@ def main() -> None:
     if accelerator.is_main_process:
         with open(args.out, "w") as f:
             json.dump(
-                {"step_time_s": statistics.fmean(step_times), "per_rank": per_rank, "losses": losses, "world_size": accelerator.num_processes},
+                {"step_time_s": statistics.median(step_times), "per_rank": per_rank, "losses": losses, "world_size": accelerator.num_processes},
                 f,
             )
 

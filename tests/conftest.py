@@ -106,6 +106,40 @@ def tiny_job_args(model: Path, data: dict[str, Path], out: Path, *extra: str) ->
     ]  # fmt: skip
 
 
+#: the job options every launch-based strategy test shares, so their losses are comparable
+REFERENCE_STEPS = ("--max-steps", "20", "--set", "checkpoint.every=10", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=10")
+
+
+def reference_args(model: Path, data: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    """The reference job: 20 steps on the small training file (so they cross epochs)."""
+    small = {"train": data["train_small"], "eval": data["eval"]}
+    return tiny_job_args(model, small, out, "--num-processes", "2", *REFERENCE_STEPS, *extra)
+
+
+@pytest.fixture(scope="session")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
+    """The reference DDP run on 2 CPU processes (tests using it belong to xdist group "reference-runs")."""
+    out = tmp_path_factory.mktemp("ddp") / "run"
+    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "ddp", "--report-to", "tensorboard"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+def resume_from_step_10(run: Path, tmp_path: Path, model: Path, data: dict[str, Path], *strategy_args: str) -> Path:
+    """A copy of a reference run as if killed after step 10's checkpoint, resumed with --resume latest."""
+    import shutil
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-000020")
+    shutil.rmtree(resumed / "final")
+    (resumed / "run.json").unlink()
+    (resumed / "checkpoints" / "latest").write_text("step-000010\n")
+    proc = run_cli(*reference_args(model, data, resumed, *strategy_args, "--resume", "latest"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return resumed
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """GPU-only tests skip cleanly where no GPU exists."""
     import torch

@@ -121,7 +121,7 @@ def test_malformed_set() -> None:
 def test_strategy_not_installed_names_the_package() -> None:
     # whatever else is installed, block the fsdp plugin: the message must name what to install
     proc = run_cli("--strategy", "fsdp", env={"ACC_TRAIN_BLOCK_PLUGINS": "fsdp"})
-    assert_user_error(proc, 'strategy "fsdp" is not installed', "pip install acc-train-strategy-fsdp", "installed strategies: ddp")
+    assert_user_error(proc, 'strategy "fsdp" is not installed', "pip install acc-train-strategy-fsdp", "installed strategies: ddp)")
 
 
 def test_unknown_strategy_lists_installed_ones() -> None:

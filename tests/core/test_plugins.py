@@ -46,10 +46,11 @@ def register(plugin: object, name: str) -> None:
     plugins.get_plugin_manager().register(plugin, name=name)
 
 
-def test_registry_holds_exactly_the_installed_names() -> None:
-    assert plugins.strategies().names() == ["data-parallel", "ddp"]
-    assert plugins.checkpoint_formats().names() == ["full-state"]
-    assert plugins.wrap_policies().names() == []
+def test_registry_holds_exactly_the_names_of_the_workspace_packages() -> None:
+    assert plugins.strategies().names() == ["data-parallel", "ddp", "fsdp", "fsdp-offload", "fsdp1", "fsdp2", "fully-sharded"]
+    assert plugins.checkpoint_formats().names() == ["fsdp-full", "fsdp-sharded", "full-state"]
+    assert plugins.wrap_policies().names() == ["none", "size", "transformer"]
+    assert {s.name: owner for s, owner in plugins.strategies().primary()} == {"ddp": "ddp", "fsdp": "fsdp"}
 
 
 def test_in_test_plugin_registers_a_strategy_with_aliases_and_presets() -> None:
@@ -96,7 +97,7 @@ def test_a_plugin_whose_registration_raises_is_skipped_and_reported() -> None:
 
 
 def test_blocking_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(plugins.ENV_BLOCK, "ddp")
+    monkeypatch.setenv(plugins.ENV_BLOCK, "ddp,fsdp")
     assert plugins.strategies().names() == []
     with pytest.raises(UserError, match="pip install acc-train-strategy-ddp"):
         plugins.strategies().get("ddp")

@@ -1,32 +1,19 @@
 """DDP on 2 CPU processes over gloo, through the real command and the elastic launcher.
 
-One 20-step run is shared by most tests here (it costs a launch); a second launch resumes it
-from step 10.
+One 20-step run (the session fixture ``ddp_run`` in conftest) is shared by most tests here and by
+the FSDP tests that compare against DDP; a second launch resumes it from step 10.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, run_cli, tiny_job_args
+from tests.conftest import read_metrics, resume_from_step_10, run_cli, tiny_job_args
 
-pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("ddp-run")]
-
-
-@pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
-    out = tmp_path_factory.mktemp("ddp") / "run"
-    data = {"train": tiny_data["train_small"], "eval": tiny_data["eval"]}  # 20 steps cross epochs
-    args = tiny_job_args(tiny_model_dir, data, out, "--strategy", "ddp", "--num-processes", "2", "--max-steps", "20")
-    args += ["--set", "checkpoint.every=10", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=10"]
-    args += ["--report-to", "tensorboard"]
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out
+pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("reference-runs")]
 
 
 def test_run_is_real_ddp_on_two_cpu_ranks(ddp_run: Path) -> None:
@@ -91,17 +78,7 @@ def test_final_model_loads_in_transformers(ddp_run: Path, tiny_model_dir: Path) 
 
 def test_stop_at_10_and_resume_gives_the_same_losses(ddp_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
     """The run as if it had been killed after step 10's checkpoint, resumed with --resume latest."""
-    resumed = tmp_path / "run"
-    shutil.copytree(ddp_run, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step-000020")
-    shutil.rmtree(resumed / "final")
-    (resumed / "run.json").unlink()
-    (resumed / "checkpoints" / "latest").write_text("step-000010\n")
-    data = {"train": tiny_data["train_small"], "eval": tiny_data["eval"]}
-    args = tiny_job_args(tiny_model_dir, data, resumed, "--strategy", "ddp", "--num-processes", "2", "--max-steps", "20")
-    args += ["--set", "checkpoint.every=10", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=10", "--resume", "latest"]
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    resumed = resume_from_step_10(ddp_run, tmp_path, tiny_model_dir, tiny_data, "--strategy", "ddp")
     full, again = read_metrics(ddp_run), read_metrics(resumed)
     assert full[10]["epoch"] >= 1 and full[20]["epoch"] > full[10]["epoch"], "the resume must cross epochs"
     assert sorted(again) == list(range(1, 21))  # steps 1-10 kept, 11-20 redone

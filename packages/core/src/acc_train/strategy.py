@@ -95,6 +95,24 @@ class Strategy(ABC):
         """Called with each model just before Accelerate prepares (wraps) it, e.g. to resolve a
         wrap policy against the model's layers."""
 
+    def full_state_dict(self, accelerator: Accelerator, model: Any, options: StrategyOptions) -> dict[str, Any]:
+        """The whole model's state, gathered for ``save_pretrained`` on the main process (called
+        on every rank; other ranks may get an empty dict)."""
+        return accelerator.get_state_dict(model)
+
+    def parameter_elements(self, accelerator: Accelerator, model: Any) -> tuple[int, int]:
+        """(elements this rank holds, elements of the whole model) for ``run.json``. The default
+        understands plain tensors, DTensors (FSDP2) and DeepSpeed ZeRO-3 partitions."""
+        local = total = 0
+        for p in model.parameters():
+            if hasattr(p, "ds_tensor"):  # DeepSpeed ZeRO-3 partition
+                local, total = local + p.ds_tensor.numel(), total + p.ds_numel
+            elif hasattr(p, "to_local"):  # DTensor: numel() is the global size
+                local, total = local + p.to_local().numel(), total + p.numel()
+            else:
+                local, total = local + p.numel(), total + p.numel()
+        return local, total
+
     def checkpoint_format_for(self, options: StrategyOptions) -> str:
         """The registered checkpoint format to save with, given the options."""
         return self.checkpoint_format

@@ -57,18 +57,6 @@ def prepare_output_dir(job: ResolvedJob) -> Path:
     return out
 
 
-def _local_param_elements(model: Any) -> int:
-    total = 0
-    for p in model.parameters():
-        if hasattr(p, "ds_tensor"):  # DeepSpeed ZeRO-3 partition
-            total += p.ds_tensor.numel()
-        elif hasattr(p, "to_local"):  # DTensor (FSDP2)
-            total += p.to_local().numel()
-        else:
-            total += p.numel()
-    return total
-
-
 def _peak_memory_bytes(device_type: str) -> int:
     if device_type == "cuda":
         import torch
@@ -352,14 +340,14 @@ def _summary(
 
     accelerator = run.accelerator
     machine = accelerator.acc_machine
+    local_elements, model_elements = job.strategy.parameter_elements(accelerator, model)
     mine = {
         "rank": accelerator.process_index,
-        "param_elements": _local_param_elements(model),
+        "param_elements": local_elements,
         "peak_memory_bytes": _peak_memory_bytes(machine.device_type),
         "param_checksum": _param_checksum(model),
     }
     per_rank = sorted(gather_object([mine]), key=lambda r: r["rank"])
-    unwrapped = accelerator.unwrap_model(model)
     tokens_run = (state.step - start_step) * job.config.training.micro_batch_size * job.config.data.seq_len * job.config.training.gradient_accumulation_steps * accelerator.num_processes
     return {
         "strategy": job.config.strategy["name"],
@@ -381,20 +369,15 @@ def _summary(
         "elapsed_s": round(state.elapsed_s, 3),
         "step_time_s": statistics.fmean(step_times) if step_times else None,
         "step_time_median_s": statistics.median(step_times) if step_times else None,
-        "model_parameters": _model_numel(unwrapped),
+        "model_parameters": model_elements,
         "per_rank": per_rank,
         "checkpoints": saved,
     }
 
 
-def _model_numel(model: Any) -> int:
-    """Parameter elements of the whole model, however it is sharded (DTensor numel is global)."""
-    return sum(getattr(p, "ds_numel", None) or p.numel() for p in model.parameters())
-
-
 def _save_final(accelerator: Any, model: Any, tokenizer: Any, out: Path) -> None:
     """``final/``: the consolidated model as ``save_pretrained`` safetensors, moved in atomically."""
-    state_dict = accelerator.get_state_dict(model)
+    state_dict = accelerator.acc_strategy.full_state_dict(accelerator, model, accelerator.acc_strategy_options)
     if accelerator.is_main_process:
         tmp = out / ".final.tmp"
         if tmp.exists():

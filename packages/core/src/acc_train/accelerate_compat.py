@@ -1,0 +1,62 @@
+"""The one place acc-train reaches into Accelerate's internals.
+
+Accelerate refuses sharded strategies on CPU: ``AcceleratorState`` ignores an FSDP plugin on
+``MULTI_CPU`` and only picks DeepSpeed off CPU, so a request for either silently runs as DDP.
+The libraries themselves work on CPU over gloo, and Accelerate's prepare/save/load paths work
+too once the state says so. This module flips the state after ``Accelerator(cpu=True)``; it is
+checked against the Accelerate versions it was verified with and refuses others clearly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["VERIFIED_ACCELERATE", "check_accelerate", "run_sharded_on_cpu"]
+
+#: Accelerate versions (inclusive lower, exclusive upper) whose internals this was verified on.
+VERIFIED_ACCELERATE = ("1.10.0", "1.17.0")
+
+
+def check_accelerate(what: str) -> None:
+    """Raise a clear error if the installed Accelerate is outside the verified range."""
+    import accelerate
+    from packaging.version import Version
+
+    low, high = VERIFIED_ACCELERATE
+    installed = Version(accelerate.__version__)
+    if not (Version(low) <= installed < Version(high)):
+        raise RuntimeError(
+            f"running {what} on CPU relies on Accelerate internals verified for accelerate>={low},<{high}, "
+            f"but {accelerate.__version__} is installed. Install a verified version "
+            f'(pip install "accelerate>={low},<{high}") or run on GPUs, where Accelerate\'s own path is used.'
+        )
+
+
+def run_sharded_on_cpu(accelerator: Any, distributed_type: str, **state: Any) -> None:
+    """Make a ``cpu=True`` Accelerator run ``distributed_type`` (``"FSDP"`` or ``"DEEPSPEED"``).
+
+    ``state`` holds the attributes Accelerate would have set on its ``AcceleratorState`` for
+    that type (``fsdp_plugin=...``, or ``deepspeed_plugins=...``).
+    """
+    from accelerate.utils import DistributedType
+
+    check_accelerate(distributed_type)
+    acc_state = accelerator.state
+    if acc_state.distributed_type != DistributedType.MULTI_CPU:
+        raise RuntimeError(f"expected Accelerate to start as MULTI_CPU before switching to {distributed_type}, got {acc_state.distributed_type}")
+    for name in ("distributed_type", "mixed_precision", "device"):
+        if not hasattr(acc_state, name):
+            raise RuntimeError(f"AcceleratorState has no {name!r}: this Accelerate does not fit acc-train's CPU workaround")
+    # AcceleratorState copies PartialState's fields each time it is constructed again, so the
+    # type must be set on both or a later AcceleratorState() silently turns it back to MULTI_CPU
+    from accelerate.state import PartialState
+
+    import torch
+
+    # MULTI_CPU names each rank's device cpu:<rank>; FSDP1 compares it with the compute device
+    # "cpu" and refuses to wrap. Every CPU rank computes on the same device type: plain "cpu".
+    for target in (PartialState(), acc_state):
+        target.distributed_type = DistributedType[distributed_type]
+        target.device = torch.device("cpu")
+    for key, value in state.items():
+        setattr(acc_state, key, value)

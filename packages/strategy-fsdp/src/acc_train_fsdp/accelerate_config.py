@@ -1,0 +1,107 @@
+"""Map the ``fsdp_config`` section of an ``accelerate config`` YAML onto FSDP options.
+
+Accelerate's own default applies where the file is silent: a file without ``fsdp_version``
+means FSDP1, as it does for ``accelerate launch``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from acc_train import UserError
+from acc_train.errors import closest
+
+__all__ = ["strategy_from_accelerate_config"]
+
+SHARDING = {
+    "FULL_SHARD": "full_shard", "SHARD_GRAD_OP": "shard_grad_op", "NO_SHARD": "no_shard",
+    "HYBRID_SHARD": "hybrid_shard", "HYBRID_SHARD_ZERO2": "hybrid_shard_zero2",
+    1: "full_shard", 2: "shard_grad_op", 3: "no_shard", 4: "hybrid_shard", 5: "hybrid_shard_zero2",
+}  # fmt: skip
+WRAP = {"TRANSFORMER_BASED_WRAP": "transformer", "SIZE_BASED_WRAP": "size", "NO_WRAP": "none"}
+PREFETCH = {"BACKWARD_PRE": "backward_pre", "BACKWARD_POST": "backward_post", "NO_PREFETCH": "none"}
+STATE_DICT = {"SHARDED_STATE_DICT": "sharded", "FULL_STATE_DICT": "full"}
+
+KNOWN = (
+    "fsdp_version", "fsdp_sharding_strategy", "fsdp_reshard_after_forward", "fsdp_auto_wrap_policy",
+    "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params", "fsdp_backward_prefetch",
+    "fsdp_backward_prefetch_policy", "fsdp_forward_prefetch", "fsdp_offload_params",
+    "fsdp_activation_checkpointing", "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading",
+    "fsdp_sync_module_states", "fsdp_use_orig_params",
+)  # fmt: skip
+
+
+def _pick(table: dict[Any, str], value: Any, key: str) -> str:
+    normal = value.upper() if isinstance(value, str) else value
+    if normal not in table:
+        valid = ", ".join(str(k) for k in table if isinstance(k, str))
+        raise UserError(f"unsupported value {value!r}", where=f"fsdp_config.{key}", hint=f"use one of {valid}")
+    return table[normal]
+
+
+def _no_effect(key: str) -> None:
+    sys.stderr.write(f"warning: fsdp_config.{key} has no effect under FSDP2 (fsdp_version: 2); it is not used\n")
+
+
+def strategy_from_accelerate_config(section: dict[str, Any]) -> dict[str, Any]:
+    """``fsdp_config`` -> the ``strategy:`` section (``name: fsdp`` plus options)."""
+    for key in section:
+        if key not in KNOWN:
+            near = closest(key, KNOWN)
+            raise UserError(
+                f"unknown key {key!r}" + (f'; did you mean "{near}"?' if near else ""),
+                where=f"fsdp_config.{key}",
+                hint="acc-train maps these fsdp_config keys: " + ", ".join(KNOWN),
+            )
+    version = int(section.get("fsdp_version", 1))
+    out: dict[str, Any] = {"name": "fsdp", "version": version}
+    if "fsdp_sharding_strategy" in section:
+        strategy = _pick(SHARDING, section["fsdp_sharding_strategy"], "fsdp_sharding_strategy")
+        if version == 1:
+            out["sharding_strategy"] = strategy
+        elif strategy in ("full_shard", "shard_grad_op"):
+            out["reshard_after_forward"] = strategy == "full_shard"
+        else:
+            raise UserError(f"{strategy} is an FSDP1 sharding strategy; this file sets fsdp_version: 2", where="fsdp_config.fsdp_sharding_strategy")
+    if "fsdp_reshard_after_forward" in section:
+        value = section["fsdp_reshard_after_forward"]
+        if isinstance(value, str):
+            value = _pick(SHARDING, value, "fsdp_reshard_after_forward") == "full_shard"
+        if version == 1:
+            out["sharding_strategy"] = "full_shard" if value else "shard_grad_op"
+        else:
+            out["reshard_after_forward"] = bool(value)
+    if "fsdp_auto_wrap_policy" in section:
+        out["auto_wrap_policy"] = _pick(WRAP, section["fsdp_auto_wrap_policy"], "fsdp_auto_wrap_policy")
+    layers = section.get("fsdp_transformer_layer_cls_to_wrap")
+    if layers:
+        out["transformer_layer_cls_to_wrap"] = [s.strip() for s in str(layers).split(",") if s.strip()]
+    if "fsdp_min_num_params" in section:
+        out["min_num_params"] = int(section["fsdp_min_num_params"])
+    prefetch = section.get("fsdp_backward_prefetch", section.get("fsdp_backward_prefetch_policy"))
+    if prefetch is not None:
+        if version == 1:
+            out["backward_prefetch"] = _pick(PREFETCH, prefetch, "fsdp_backward_prefetch")
+        else:
+            _no_effect("fsdp_backward_prefetch")
+    for src, dst in (
+        ("fsdp_offload_params", "cpu_offload"),
+        ("fsdp_activation_checkpointing", "activation_checkpointing"),
+        ("fsdp_cpu_ram_efficient_loading", "cpu_ram_efficient_loading"),
+    ):
+        if src in section:
+            out[dst] = bool(section[src])
+    for src, dst in (
+        ("fsdp_forward_prefetch", "forward_prefetch"),
+        ("fsdp_sync_module_states", "sync_module_states"),
+        ("fsdp_use_orig_params", "use_orig_params"),
+    ):
+        if src in section:
+            if version == 1:
+                out[dst] = bool(section[src])
+            else:
+                _no_effect(src)
+    if "fsdp_state_dict_type" in section:
+        out["state_dict_type"] = _pick(STATE_DICT, section["fsdp_state_dict_type"], "fsdp_state_dict_type")
+    return out

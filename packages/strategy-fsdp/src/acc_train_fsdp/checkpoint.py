@@ -1,0 +1,96 @@
+"""FSDP checkpoint formats, on torch.distributed.checkpoint's state-dict API.
+
+- ``fsdp-sharded``: every rank writes its own shards with ``torch.distributed.checkpoint``
+  (DCP). Fast and memory-light; DCP can reshard on load. DCP's ``.metadata`` file is a pickle
+  written by torch; it is read by torch's own DCP loader, never by ``torch.load``.
+- ``fsdp-full``: the whole model and optimizer state gathered to rank 0 and written as
+  safetensors + JSON, like core's ``full-state`` but with parameter names as keys.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from acc_train.checkpoint import CheckpointFormat, flatten_optimizer_state, unflatten_optimizer_state
+
+__all__ = ["ShardedFormat", "FullFormat"]
+
+
+def gather_full(state: dict[str, Any], keep: bool) -> dict[str, Any]:
+    """Every sharded tensor (DTensor, ShardedTensor) of a state dict gathered whole, on CPU.
+    Collective: all ranks call it; only where ``keep`` is the result filled."""
+    import torch
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            gathered = gather_full(value, keep)
+        elif hasattr(value, "full_tensor"):  # DTensor
+            gathered = value.full_tensor().detach().cpu()
+        elif isinstance(value, ShardedTensor):
+            full = torch.empty(value.size(), dtype=value.dtype) if keep else None
+            value.gather(dst=0, out=full)
+            gathered = full
+        elif isinstance(value, torch.Tensor):
+            gathered = value.detach().cpu()
+        else:
+            gathered = value
+        if keep:
+            out[key] = gathered
+    return out
+
+
+def _torch_optimizer(optimizer: Any) -> Any:
+    return getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds the torch one
+
+
+class ShardedFormat(CheckpointFormat):
+    name = "fsdp-sharded"
+    description = "per-rank shards through torch.distributed.checkpoint (DCP)"
+
+    def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(model, _torch_optimizer(optimizer))
+        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(directory / "dcp"))
+
+    def load(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        optim = _torch_optimizer(optimizer)
+        msd, osd = get_state_dict(model, optim)
+        state = {"model": msd, "optimizer": osd}
+        dcp.load(state, checkpoint_id=str(directory / "dcp"))
+        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+class FullFormat(CheckpointFormat):
+    name = "fsdp-full"
+    description = "whole model + optimizer gathered to rank 0, as safetensors + JSON"
+
+    def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
+        from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        # gathered from the sharded state: FSDP1's full-state-dict path crashes on CPU (torch 2.13)
+        sharded_model, sharded_optim = get_state_dict(model, _torch_optimizer(optimizer))
+        keep = accelerator.is_main_process
+        msd, osd = gather_full(sharded_model, keep), gather_full(sharded_optim, keep)
+        if keep:
+            save_file({k: v.detach().contiguous().clone() for k, v in msd.items()}, str(directory / "model.safetensors"))
+            tensors, meta = flatten_optimizer_state(osd)
+            save_file(tensors, str(directory / "optimizer.safetensors"))
+            (directory / "optimizer.json").write_text(json.dumps(meta))
+
+    def load(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        msd = load_file(str(directory / "model.safetensors"))
+        osd = unflatten_optimizer_state(load_file(str(directory / "optimizer.safetensors")), json.loads((directory / "optimizer.json").read_text()))
+        set_state_dict(model, _torch_optimizer(optimizer), model_state_dict=msd, optim_state_dict=osd, options=StateDictOptions(full_state_dict=True))

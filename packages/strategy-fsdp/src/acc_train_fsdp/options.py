@@ -1,0 +1,85 @@
+"""The ``strategy:`` section for FSDP, validated strictly.
+
+Options that only one FSDP version understands default to ``None`` ("the library's default");
+setting one under the other version is an error that names the version supporting it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from acc_train import StrategyOptions
+
+__all__ = ["FSDPOptions", "MixedPrecisionPolicy", "V1_ONLY", "V2_ONLY"]
+
+Dtype = Literal["fp32", "bf16", "fp16"]
+
+
+class MixedPrecisionPolicy(BaseModel):
+    """Overrides what ``training.mixed_precision`` implies for FSDP's own casts."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    param_dtype: Dtype | None = None
+    reduce_dtype: Dtype | None = None
+    buffer_dtype: Dtype | None = None
+
+
+#: option -> what it is called in the message
+V1_ONLY = {
+    "sharding_strategy": "sharding_strategy (use reshard_after_forward under FSDP2)",
+    "backward_prefetch": "backward_prefetch",
+    "forward_prefetch": "forward_prefetch",
+    "sync_module_states": "sync_module_states",
+    "use_orig_params": "use_orig_params",
+}
+V2_ONLY = {"reshard_after_forward": "reshard_after_forward (use sharding_strategy under FSDP1)"}
+
+
+class FSDPOptions(StrategyOptions):
+    #: FSDP version: 2 (``fully_shard``, per-parameter DTensor sharding) or 1 (``FullyShardedDataParallel``).
+    version: Literal[1, 2] = 2
+    #: FSDP1: how parameters, gradients and optimizer state are sharded.
+    sharding_strategy: Literal["full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2"] | None = None
+    #: FSDP2: free the gathered parameters after forward (True = full shard, False = like shard_grad_op).
+    reshard_after_forward: bool | None = None
+    #: A registered wrap policy: ``transformer``, ``size``, ``none`` or a plugin's.
+    auto_wrap_policy: str = "transformer"
+    #: Layer classes wrapped as units by the ``transformer`` policy (default: the model's ``_no_split_modules``).
+    transformer_layer_cls_to_wrap: list[str] | None = None
+    #: Minimum parameters of a unit for the ``size`` policy.
+    min_num_params: int = Field(100_000_000, ge=1)
+    #: FSDP1: when to prefetch the next unit's parameters in backward.
+    backward_prefetch: Literal["backward_pre", "backward_post", "none"] | None = None
+    #: FSDP1: prefetch the next unit's parameters in forward.
+    forward_prefetch: bool | None = None
+    #: Keep parameters (and gradients) in CPU memory between uses; needs a GPU run to mean anything.
+    cpu_offload: bool = False
+    #: Recompute each wrapped layer's activations in backward instead of storing them.
+    activation_checkpointing: bool = False
+    #: Checkpoint format: ``sharded`` (torch.distributed.checkpoint, one shard per rank) or ``full``.
+    state_dict_type: Literal["sharded", "full"] = "sharded"
+    #: Load pretrained weights on rank 0 only and broadcast them (large models on little RAM).
+    cpu_ram_efficient_loading: bool = False
+    #: FSDP1: broadcast rank 0's module states at wrap time.
+    sync_module_states: bool | None = None
+    #: FSDP1: keep the original parameters visible (needed by some optimizers and by freezing).
+    use_orig_params: bool | None = None
+    mixed_precision_policy: MixedPrecisionPolicy | None = None
+
+    @model_validator(mode="after")
+    def _version_specific(self) -> FSDPOptions:
+        wrong = V2_ONLY if self.version == 1 else V1_ONLY
+        for key, label in wrong.items():
+            if getattr(self, key) is not None:
+                other = 2 if self.version == 1 else 1
+                raise ValueError(f"{label} is an FSDP{other} option; this config runs FSDP{self.version} (strategy.version)")
+        if self.cpu_ram_efficient_loading and self.version == 1 and self.sync_module_states is False:
+            raise ValueError("cpu_ram_efficient_loading under FSDP1 needs sync_module_states: true")
+        if self.transformer_layer_cls_to_wrap is not None and self.auto_wrap_policy != "transformer":
+            raise ValueError(
+                f"transformer_layer_cls_to_wrap is used by the transformer wrap policy only (auto_wrap_policy is {self.auto_wrap_policy!r})"
+            )
+        return self

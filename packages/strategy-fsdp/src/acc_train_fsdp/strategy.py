@@ -1,0 +1,174 @@
+"""The ``fsdp`` strategy: parameters, gradients and optimizer state sharded across ranks.
+
+On GPUs this is Accelerate's own FSDP path. On CPU, Accelerate would silently run DDP; the
+strategy switches its state to FSDP through :mod:`acc_train.accelerate_compat`, so FSDP
+really shards over gloo.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+from acc_train import Machine, Strategy, StrategyOptions, UserError
+from acc_train_fsdp.options import FSDPOptions
+
+__all__ = ["FSDPStrategy"]
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class FSDPStrategy(Strategy):
+    name = "fsdp"
+    aliases = ("fully-sharded",)
+    presets = {
+        "fsdp1": {"version": 1},
+        "fsdp2": {"version": 2},
+        "fsdp-offload": {"cpu_offload": True},
+    }
+    description = "PyTorch FSDP (v2 by default): parameters, gradients and optimizer state sharded across ranks"
+    options_schema = FSDPOptions
+    checkpoint_format = "fsdp-sharded"
+
+    def checkpoint_format_for(self, options: StrategyOptions) -> str:
+        assert isinstance(options, FSDPOptions)
+        return "fsdp-sharded" if options.state_dict_type == "sharded" else "fsdp-full"
+
+    def check_environment(self, options: StrategyOptions, machine: Machine) -> None:
+        assert isinstance(options, FSDPOptions)
+        if options.cpu_offload and machine.device_type == "cpu":
+            raise UserError(
+                "cpu_offload moves parameters from accelerator memory to CPU memory; this run has no accelerator, so it would do nothing",
+                where="strategy.cpu_offload",
+                hint="drop cpu_offload (or the fsdp-offload preset) on a CPU-only run",
+            )
+        if options.sharding_strategy in ("hybrid_shard", "hybrid_shard_zero2") and machine.num_machines < 2:
+            raise UserError(
+                f"{options.sharding_strategy} shards within a machine and replicates across machines; this run has one machine",
+                where="strategy.sharding_strategy",
+                hint="use full_shard on one machine",
+            )
+        if options.version == 1 and machine.device_type == "cpu" and options.cpu_ram_efficient_loading:
+            raise UserError(
+                "cpu_ram_efficient_loading under FSDP1 broadcasts rank 0's weights at wrap time, which FSDP1 cannot do on CPU",
+                where="strategy.cpu_ram_efficient_loading",
+                hint="use FSDP2 (version: 2), or drop cpu_ram_efficient_loading on CPU",
+            )
+        if options.version == 1 and machine.device_type == "cpu" and options.mixed_precision_policy is not None:
+            raise UserError(
+                "an FSDP1 mixed-precision policy on CPU is not supported here",
+                where="strategy.mixed_precision_policy",
+                hint="use FSDP2 (version: 2) or train in fp32 on CPU",
+            )
+
+    def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
+        import torch
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        assert isinstance(options, FSDPOptions)
+        kwargs: dict[str, Any] = {
+            "fsdp_version": options.version,
+            "cpu_offload": options.cpu_offload,
+            "activation_checkpointing": options.activation_checkpointing,
+            "state_dict_type": "SHARDED_STATE_DICT" if options.state_dict_type == "sharded" else "FULL_STATE_DICT",
+            "cpu_ram_efficient_loading": options.cpu_ram_efficient_loading,
+            # the wrap policy is resolved against the model in before_prepare
+            "auto_wrap_policy": "no_wrap",
+        }
+        if options.version == 1:
+            kwargs["sharding_strategy"] = (options.sharding_strategy or "full_shard").upper()
+            kwargs["backward_prefetch"] = (options.backward_prefetch or "backward_pre").upper() if options.backward_prefetch != "none" else None
+            kwargs["forward_prefetch"] = bool(options.forward_prefetch)
+            kwargs["sync_module_states"] = self._sync_module_states(options)
+            kwargs["use_orig_params"] = True if options.use_orig_params is None else options.use_orig_params
+        else:
+            kwargs["reshard_after_forward"] = True if options.reshard_after_forward is None else options.reshard_after_forward
+        if options.mixed_precision_policy is not None:
+            mp = options.mixed_precision_policy
+            kwargs["mixed_precision_policy"] = {
+                k: getattr(torch, DTYPES[v]) for k, v in mp.model_dump().items() if v is not None
+            }
+        return {"fsdp_plugin": FullyShardedDataParallelPlugin(**kwargs)}
+
+    @staticmethod
+    def _sync_module_states(options: FSDPOptions) -> bool:
+        """FSDP1's rank-0 broadcast at wrap time needs an accelerator to initialise on."""
+        from acc_train.accelerator import current_machine
+
+        if current_machine().device_type != "cpu":
+            return True if options.sync_module_states is None else options.sync_module_states
+        if options.sync_module_states:
+            sys.stderr.write(
+                "warning: strategy.sync_module_states is not used on CPU (FSDP1 cannot initialise parameters there); "
+                "every rank already starts from the same weights (same seed, or the same pretrained files)\n"
+            )
+        return False
+
+    def after_accelerator(self, accelerator: Any, options: StrategyOptions) -> None:
+        if accelerator.acc_machine.device_type != "cpu":
+            return
+        from acc_train.accelerate_compat import run_sharded_on_cpu
+
+        plugin = accelerator.acc_kwargs["fsdp_plugin"]
+        if accelerator.mixed_precision != "no":
+            plugin.set_mixed_precision(accelerator.mixed_precision)
+        run_sharded_on_cpu(accelerator, "FSDP", fsdp_plugin=plugin)
+
+    def expected_distributed_types(self, machine: Machine) -> set[str]:
+        return {"FSDP"}
+
+    def before_prepare(self, accelerator: Any, model: Any, options: StrategyOptions) -> None:
+        """Resolve the registered wrap policy against the model, in Accelerate's terms."""
+        from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy, size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
+        from acc_train.plugins import wrap_policies
+        from acc_train_fsdp.policies import layer_class_names
+
+        assert isinstance(options, FSDPOptions)
+        plugin = accelerator.state.fsdp_plugin
+        policy = wrap_policies().get(options.auto_wrap_policy)
+        if policy.name == "transformer":
+            plugin.transformer_cls_names_to_wrap = layer_class_names(model, options.transformer_layer_cls_to_wrap)
+            plugin.auto_wrap_policy = transformer_auto_wrap_policy
+        elif policy.name == "size":
+            plugin.min_num_params = options.min_num_params
+            plugin.auto_wrap_policy = size_based_auto_wrap_policy
+        elif policy.name == "none":
+            plugin.auto_wrap_policy = None
+        else:  # a plugin's policy: a predicate over modules
+            predicate = policy.build(model, options.model_dump())
+            if options.version == 1:
+                plugin.auto_wrap_policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=predicate)
+            else:  # Accelerate's FSDP2 path wraps by layer class: use the classes the predicate selects
+                root = type(model)
+                plugin.transformer_cls_names_to_wrap = sorted({type(m).__name__ for m in model.modules() if predicate(m) and type(m) is not root})
+                plugin.auto_wrap_policy = transformer_auto_wrap_policy if plugin.transformer_cls_names_to_wrap else None
+
+    def full_state_dict(self, accelerator: Any, model: Any, options: StrategyOptions) -> dict[str, Any]:
+        """Gathered for rank 0, whichever checkpoint format the run uses. Built from the sharded
+        state dict: FSDP1's own full-state-dict path crashes (SIGSEGV) on CPU in torch 2.13."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        from acc_train_fsdp.checkpoint import gather_full
+
+        return gather_full(get_model_state_dict(model), keep=accelerator.is_main_process)
+
+    def parameter_elements(self, accelerator: Any, model: Any) -> tuple[int, int]:
+        """FSDP1 keeps each unit's parameters in one flat parameter, sharded with padding."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        units = FullyShardedDataParallel.fsdp_modules(model)
+        if not units:  # FSDP2: DTensors, which the default understands
+            return super().parameter_elements(accelerator, model)
+        local = total = 0
+        for unit in units:
+            handle = unit._handle
+            if handle is not None:
+                local += handle.flat_param._sharded_size.numel()
+                total += handle.flat_param._unpadded_unsharded_size.numel()
+        return local, total
+
+    def summary(self, accelerator: Any, options: StrategyOptions) -> dict[str, Any]:
+        assert isinstance(options, FSDPOptions)
+        return {"fsdp_version": options.version}

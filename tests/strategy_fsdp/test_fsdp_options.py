@@ -1,0 +1,94 @@
+"""FSDP options, wrap policies and accelerate-config mapping: strict, with errors that say what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from acc_train import Machine, UserError
+from acc_train.config import load_job
+from acc_train_fsdp import FSDPStrategy
+from acc_train_fsdp.accelerate_config import strategy_from_accelerate_config
+from acc_train_fsdp.policies import layer_class_names
+
+
+def test_presets_and_defaults() -> None:
+    job = load_job(flags={"strategy.name": ("fsdp1", "--strategy")})
+    assert job.options.version == 1
+    assert load_job(flags={"strategy.name": ("fsdp", "--strategy")}).options.version == 2
+    assert load_job(flags={"strategy.name": ("fsdp-offload", "--strategy")}).options.cpu_offload is True
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"version": 2, "backward_prefetch": "backward_pre"}, "backward_prefetch is an FSDP1 option"),
+        ({"version": 2, "sharding_strategy": "full_shard"}, "use reshard_after_forward under FSDP2"),
+        ({"version": 1, "reshard_after_forward": False}, "reshard_after_forward .*is an FSDP2 option"),
+        ({"auto_wrap_policy": "size", "transformer_layer_cls_to_wrap": ["X"]}, "used by the transformer wrap policy only"),
+        ({"sharding": "full"}, "Extra inputs"),
+    ],
+)
+def test_options_that_belong_elsewhere_are_errors(options: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        FSDPStrategy().parse_options(options)
+
+
+def test_conflicts_with_the_machine_are_errors_with_hints() -> None:
+    s = FSDPStrategy()
+    with pytest.raises(UserError, match="would do nothing"):
+        s.check_environment(s.parse_options({"cpu_offload": True}), Machine("cpu", 2))
+    with pytest.raises(UserError, match="this run has one machine"):
+        s.check_environment(s.parse_options({"version": 1, "sharding_strategy": "hybrid_shard"}), Machine("cuda", 8, 1))
+    s.check_environment(s.parse_options({"version": 1, "sharding_strategy": "hybrid_shard"}), Machine("cuda", 16, 2))
+
+
+def test_layer_class_that_the_model_lacks_names_the_closest_one(tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert layer_class_names(model, None) == ["LlamaDecoderLayer"]  # from _no_split_modules
+    with pytest.raises(UserError, match='did you mean "LlamaDecoderLayer"'):
+        layer_class_names(model, ["LlamaDecoderLayr"])
+
+
+def test_accelerate_fsdp_section_maps_onto_options() -> None:
+    section = strategy_from_accelerate_config(
+        {
+            "fsdp_version": 2,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer,MLP",
+            "fsdp_reshard_after_forward": False,
+            "fsdp_state_dict_type": "FULL_STATE_DICT",
+            "fsdp_offload_params": False,
+            "fsdp_activation_checkpointing": True,
+            "fsdp_cpu_ram_efficient_loading": True,
+        }
+    )
+    assert section == {
+        "name": "fsdp",
+        "version": 2,
+        "reshard_after_forward": False,
+        "auto_wrap_policy": "transformer",
+        "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer", "MLP"],
+        "cpu_offload": False,
+        "activation_checkpointing": True,
+        "cpu_ram_efficient_loading": True,
+        "state_dict_type": "full",
+    }
+    assert strategy_from_accelerate_config({})["version"] == 1  # accelerate's default
+
+
+def test_unknown_accelerate_fsdp_key_suggests_the_known_one() -> None:
+    with pytest.raises(UserError, match='did you mean "fsdp_offload_params"'):
+        strategy_from_accelerate_config({"fsdp_ofload_params": True})
+
+
+def test_registry_names_of_the_fsdp_plugin() -> None:
+    from acc_train import plugins
+
+    assert {"fsdp", "fsdp1", "fsdp2", "fsdp-offload", "fully-sharded"} <= set(plugins.strategies().names())
+    assert plugins.wrap_policies().names() == ["none", "size", "transformer"]
+    assert {"fsdp-sharded", "fsdp-full"} <= set(plugins.checkpoint_formats().names())

@@ -1,0 +1,99 @@
+"""Real FSDP on 2 CPU processes over gloo: sharding, DDP-equal losses, exact resume, and an
+accelerate FSDP config file, through the real command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_metrics, reference_args, resume_from_step_10, run_cli
+
+pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("reference-runs")]
+
+
+@pytest.fixture(scope="module")
+def fsdp2_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
+    out = tmp_path_factory.mktemp("fsdp2") / "run"
+    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "fsdp"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def fsdp1_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
+    """FSDP1 from a file written by `accelerate config`, full state dict checkpoints."""
+    cfg = tmp_path_factory.mktemp("accel") / "fsdp1.yaml"
+    cfg.write_text(
+        "compute_environment: LOCAL_MACHINE\ndebug: false\ndistributed_type: FSDP\ndowncast_bf16: 'no'\n"
+        "fsdp_config:\n"
+        "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+        "  fsdp_backward_prefetch: BACKWARD_PRE\n"
+        "  fsdp_cpu_ram_efficient_loading: false\n"
+        "  fsdp_forward_prefetch: false\n"
+        "  fsdp_offload_params: false\n"
+        "  fsdp_sharding_strategy: FULL_SHARD\n"
+        "  fsdp_state_dict_type: FULL_STATE_DICT\n"
+        "  fsdp_sync_module_states: true\n"
+        "  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer\n"
+        "  fsdp_use_orig_params: true\n"
+        "  fsdp_version: 1\n"
+        "machine_rank: 0\nmain_training_function: main\nmixed_precision: 'no'\nnum_machines: 1\nnum_processes: 2\n"
+        "rdzv_backend: static\nsame_network: true\ntpu_env: []\ntpu_use_cluster: false\ntpu_use_sudo: false\nuse_cpu: false\n"
+    )
+    out = tmp_path_factory.mktemp("fsdp1") / "run"
+    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--config", str(cfg)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+@pytest.mark.parametrize("which", ["fsdp2_run", "fsdp1_run"])
+def test_real_fsdp_shards_parameters_across_two_cpu_ranks(which: str, request: pytest.FixtureRequest) -> None:
+    run = request.getfixturevalue(which)
+    summary = json.loads((run / "run.json").read_text())
+    assert summary["distributed_type"] == "DistributedType.FSDP"
+    assert summary["world_size"] == 2
+    assert summary["fsdp_version"] == (2 if which == "fsdp2_run" else 1)
+    total = summary["model_parameters"]
+    for rank in summary["per_rank"]:
+        assert rank["param_elements"] == pytest.approx(total / 2, rel=0.1), rank
+
+
+@pytest.mark.parametrize("which", ["fsdp2_run", "fsdp1_run"])
+def test_losses_match_ddp_with_the_same_seed_and_data(which: str, request: pytest.FixtureRequest, ddp_run: Path) -> None:
+    fsdp, ddp = read_metrics(request.getfixturevalue(which)), read_metrics(ddp_run)
+    for step in range(1, 11):
+        assert fsdp[step]["loss"] == pytest.approx(ddp[step]["loss"], abs=1e-4), step
+
+
+def test_fsdp2_stop_and_resume_gives_the_same_losses(fsdp2_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
+    resumed = resume_from_step_10(fsdp2_run, tmp_path, tiny_model_dir, tiny_data, "--strategy", "fsdp")
+    full, again = read_metrics(fsdp2_run), read_metrics(resumed)
+    for step in range(11, 21):
+        assert again[step]["loss"] == pytest.approx(full[step]["loss"], abs=1e-6), step
+    manifest = json.loads((fsdp2_run / "checkpoints" / "step-000010" / "manifest.json").read_text())
+    assert manifest["format"] == "fsdp-sharded"
+    assert any(name.startswith("dcp/") and name.endswith(".distcp") for name in manifest["files"])
+
+
+def test_fsdp1_full_state_checkpoint_resumes(fsdp1_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
+    manifest = json.loads((fsdp1_run / "checkpoints" / "step-000010" / "manifest.json").read_text())
+    assert manifest["format"] == "fsdp-full"
+    cfg = fsdp1_run / "config.yaml"  # the resolved config of the run, as a user would reuse it
+    resumed = resume_from_step_10(fsdp1_run, tmp_path, tiny_model_dir, tiny_data, "--config", str(cfg))
+    full, again = read_metrics(fsdp1_run), read_metrics(resumed)
+    for step in range(11, 21):
+        assert again[step]["loss"] == pytest.approx(full[step]["loss"], abs=1e-6), step
+
+
+@pytest.mark.parametrize("which", ["fsdp2_run", "fsdp1_run"])
+def test_final_model_is_consolidated_for_transformers(which: str, request: pytest.FixtureRequest) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    run = request.getfixturevalue(which)
+    model = AutoModelForCausalLM.from_pretrained(run / "final")
+    summary = json.loads((run / "run.json").read_text())
+    assert sum(p.numel() for p in model.parameters()) == summary["model_parameters"]
+    assert torch.isfinite(model(torch.tensor([[2, 3, 4, 5]])).logits).all()
