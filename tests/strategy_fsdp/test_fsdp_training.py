@@ -97,3 +97,17 @@ def test_final_model_is_consolidated_for_transformers(which: str, request: pytes
     summary = json.loads((run / "run.json").read_text())
     assert sum(p.numel() for p in model.parameters()) == summary["model_parameters"]
     assert torch.isfinite(model(torch.tensor([[2, 3, 4, 5]])).logits).all()
+
+
+@pytest.mark.gpu
+def test_on_gpus_accelerates_own_fsdp_path_runs(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
+    import torch
+
+    from tests.conftest import tiny_job_args
+
+    out = tmp_path / "gpu"
+    n = torch.cuda.device_count()
+    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, out, "--strategy", "fsdp", "--num-processes", str(n), "--max-steps", "3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "run.json").read_text())
+    assert summary["distributed_type"] == "DistributedType.FSDP" and summary["device"] == "cuda"

@@ -57,6 +57,29 @@ def prepare_output_dir(job: ResolvedJob) -> Path:
     return out
 
 
+def _local_nbytes(tensor: Any) -> int:
+    if tensor is None:
+        return 0
+    if hasattr(tensor, "to_local"):  # DTensor: count this rank's shard
+        tensor = tensor.to_local()
+    return tensor.numel() * tensor.element_size()
+
+
+def _optimizer_params(optimizer: Any) -> list[Any]:
+    torch_opt = getattr(optimizer, "optimizer", optimizer)
+    return [p for group in torch_opt.param_groups for p in group["params"]]
+
+
+def _model_state_bytes(optimizer: Any) -> dict[str, int]:
+    """Bytes of parameters and optimizer state this rank holds (what sharding divides)."""
+    import torch
+
+    torch_opt = getattr(optimizer, "optimizer", optimizer)
+    params = _optimizer_params(optimizer)
+    state = sum(_local_nbytes(v) for p in params for v in torch_opt.state.get(p, {}).values() if isinstance(v, torch.Tensor))
+    return {"params": sum(_local_nbytes(p) for p in params), "optimizer": state}
+
+
 def _peak_memory_bytes(device_type: str) -> int:
     if device_type == "cuda":
         import torch
@@ -259,6 +282,7 @@ def _loop(
     step_times: list[float] = []
     loss_sum = torch.zeros((), device=accelerator.device)
     grad_norm: Any = None
+    grad_bytes: int | None = None
     last_loss = best_loss = eval_loss = None
     saved: list[str] = []
     model.train()
@@ -272,6 +296,8 @@ def _loop(
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:  # without clipping, the norm is still measured
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm or math.inf)
+                    if grad_bytes is None:  # once: the gradient memory this rank holds at a step
+                        grad_bytes = sum(_local_nbytes(p.grad) for p in _optimizer_params(optimizer))
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             state.batches_in_epoch += 1
@@ -320,6 +346,7 @@ def _loop(
             if last:
                 break
     elapsed_run = time.perf_counter() - t_start
+    run.extras["grad_bytes"] = grad_bytes or 0
     return _summary(run, job, state, model, start_step, elapsed_run, step_times, last_loss, best_loss, eval_loss, saved)
 
 
@@ -346,6 +373,7 @@ def _summary(
         "param_elements": local_elements,
         "peak_memory_bytes": _peak_memory_bytes(machine.device_type),
         "param_checksum": _param_checksum(model),
+        "model_state_bytes": {**_model_state_bytes(run.optimizer), "grads": run.extras.get("grad_bytes", 0)},
     }
     per_rank = sorted(gather_object([mine]), key=lambda r: r["rank"])
     tokens_run = (state.step - start_step) * job.config.training.micro_batch_size * job.config.data.seq_len * job.config.training.gradient_accumulation_steps * accelerator.num_processes

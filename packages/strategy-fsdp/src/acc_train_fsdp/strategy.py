@@ -67,6 +67,8 @@ class FSDPStrategy(Strategy):
         from accelerate.utils import FullyShardedDataParallelPlugin
 
         assert isinstance(options, FSDPOptions)
+        if options.cpu_ram_efficient_loading and job is not None and job.config.model.name_or_path is None:
+            sys.stderr.write("warning: strategy.cpu_ram_efficient_loading has no effect on the demo model (nothing is loaded from disk)\n")
         kwargs: dict[str, Any] = {
             "fsdp_version": options.version,
             "cpu_offload": options.cpu_offload,
