@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,3 +134,12 @@ def test_every_hookspec_is_prefixed_typed_and_documented() -> None:
         assert "Called" in doc or "called" in doc, spec.__name__
         for param in sig.parameters:
             assert f":param {param}:" in doc, (spec.__name__, param)
+
+
+def test_resolved_configs_of_every_strategy_and_preset_load_back(tmp_path: Path) -> None:
+    """Workers read the resolved config.yaml: it must validate to the same job."""
+    for name in plugins.strategies().names():
+        job = load_job(flags={"strategy.name": (name, "--strategy")})
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(job.to_yaml())
+        assert load_job(path).to_dict() == job.to_dict(), name

@@ -92,3 +92,22 @@ def test_registry_names_of_the_fsdp_plugin() -> None:
     assert {"fsdp", "fsdp1", "fsdp2", "fsdp-offload", "fully-sharded"} <= set(plugins.strategies().names())
     assert plugins.wrap_policies().names() == ["none", "size", "transformer"]
     assert {"fsdp-sharded", "fsdp-full"} <= set(plugins.checkpoint_formats().names())
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"version": 1, "use_orig_params": False}, "needs use_orig_params: true"),
+        ({"mixed_precision_policy": {"buffer_dtype": "bf16"}}, "buffer_dtype is an FSDP1 option"),
+        ({"activation_checkpointing": True, "auto_wrap_policy": "none"}, "needs a wrap policy that selects layers"),
+        ({"min_num_params": 1000}, "used by the size wrap policy only"),
+    ],
+)
+def test_options_that_would_do_nothing_or_crash_are_refused(options: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        FSDPStrategy().parse_options(options)
+
+
+def test_accelerate_fsdp1_sharding_strategy_written_as_reshard_after_forward() -> None:
+    section = strategy_from_accelerate_config({"fsdp_version": 1, "fsdp_reshard_after_forward": "HYBRID_SHARD"})
+    assert section["sharding_strategy"] == "hybrid_shard"

@@ -53,8 +53,8 @@ def run_sharded_on_cpu(accelerator: Any, distributed_type: str, **state: Any) ->
 
     import torch
 
-    # MULTI_CPU names each rank's device cpu:<rank>; FSDP1 compares it with the compute device
-    # "cpu" and refuses to wrap. Every CPU rank computes on the same device type: plain "cpu".
+    # MULTI_CPU names the device cpu:0; FSDP1 compares it with its compute device "cpu" and
+    # refuses to wrap. Plain "cpu" is the same device for every other purpose.
     for target in (PartialState(), acc_state):
         target.distributed_type = DistributedType[distributed_type]
         target.device = torch.device("cpu")

@@ -334,7 +334,7 @@ def format_validation_error(
     lines = []
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        dotted = prefix + ".".join(str(p) for p in loc)
+        dotted = prefix + ".".join(str(p) for p in loc) if loc else prefix.rstrip(".") or "config"
         origin = sources.where(dotted)
         at = f" ({origin})" if origin else ""
         if err["type"] == "extra_forbidden":
@@ -347,7 +347,7 @@ def format_validation_error(
             got = ""
             if err["type"] not in {"missing"} and "input" in err and not isinstance(err["input"], dict):
                 got = f" (got {err['input']!r})"
-            lines.append(f"{dotted or prefix.rstrip('.') or 'config'}{at}: {msg}{got}")
+            lines.append(f"{dotted}{at}: {msg}{got}")
     head = "invalid config" if len(lines) > 1 else "invalid config: " + lines[0]
     body = "\n  " + "\n  ".join(lines) if len(lines) > 1 else ""
     return UserError(head + body, hint="fix the value(s) above; `acc-train --print-config` shows the resolved config")

@@ -28,7 +28,8 @@ KNOWN = (
     "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params", "fsdp_backward_prefetch",
     "fsdp_backward_prefetch_policy", "fsdp_forward_prefetch", "fsdp_offload_params",
     "fsdp_activation_checkpointing", "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading",
-    "fsdp_sync_module_states", "fsdp_use_orig_params",
+    "fsdp_sync_module_states", "fsdp_use_orig_params", "fsdp_activation_checkpointing_offload",
+    "fsdp_ignored_modules",
 )  # fmt: skip
 
 
@@ -64,13 +65,15 @@ def strategy_from_accelerate_config(section: dict[str, Any]) -> dict[str, Any]:
             out["reshard_after_forward"] = strategy == "full_shard"
         else:
             raise UserError(f"{strategy} is an FSDP1 sharding strategy; this file sets fsdp_version: 2", where="fsdp_config.fsdp_sharding_strategy")
-    if "fsdp_reshard_after_forward" in section:
+    if "fsdp_reshard_after_forward" in section:  # accelerate writes FSDP1's sharding strategy here too
         value = section["fsdp_reshard_after_forward"]
-        if isinstance(value, str):
-            value = _pick(SHARDING, value, "fsdp_reshard_after_forward") == "full_shard"
         if version == 1:
-            out["sharding_strategy"] = "full_shard" if value else "shard_grad_op"
+            out["sharding_strategy"] = (
+                _pick(SHARDING, value, "fsdp_reshard_after_forward") if isinstance(value, str) else ("full_shard" if value else "shard_grad_op")
+            )
         else:
+            if isinstance(value, str):
+                value = _pick(SHARDING, value, "fsdp_reshard_after_forward") == "full_shard"
             out["reshard_after_forward"] = bool(value)
     if "fsdp_auto_wrap_policy" in section:
         out["auto_wrap_policy"] = _pick(WRAP, section["fsdp_auto_wrap_policy"], "fsdp_auto_wrap_policy")
@@ -85,6 +88,9 @@ def strategy_from_accelerate_config(section: dict[str, Any]) -> dict[str, Any]:
             out["backward_prefetch"] = _pick(PREFETCH, prefetch, "fsdp_backward_prefetch")
         else:
             _no_effect("fsdp_backward_prefetch")
+    if section.get("fsdp_activation_checkpointing_offload") or section.get("fsdp_ignored_modules"):
+        key = "fsdp_activation_checkpointing_offload" if section.get("fsdp_activation_checkpointing_offload") else "fsdp_ignored_modules"
+        raise UserError(f"{key} is not supported by acc-train's FSDP strategy yet", where=f"fsdp_config.{key}", hint="remove it from the file")
     for src, dst in (
         ("fsdp_offload_params", "cpu_offload"),
         ("fsdp_activation_checkpointing", "activation_checkpointing"),

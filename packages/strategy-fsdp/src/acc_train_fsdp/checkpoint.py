@@ -20,7 +20,8 @@ __all__ = ["ShardedFormat", "FullFormat"]
 
 def gather_full(state: dict[str, Any], keep: bool) -> dict[str, Any]:
     """Every sharded tensor (DTensor, ShardedTensor) of a state dict gathered whole, on CPU.
-    Collective: all ranks call it; only where ``keep`` is the result filled."""
+    Collective: all ranks call it; only where ``keep`` is the result filled. For CPU runs
+    (gloo, one process group); GPU runs use torch's own full-state-dict path."""
     import torch
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
@@ -75,12 +76,16 @@ class FullFormat(CheckpointFormat):
 
     def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
         from safetensors.torch import save_file
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        # gathered from the sharded state: FSDP1's full-state-dict path crashes on CPU (torch 2.13)
-        sharded_model, sharded_optim = get_state_dict(model, _torch_optimizer(optimizer))
         keep = accelerator.is_main_process
-        msd, osd = gather_full(sharded_model, keep), gather_full(sharded_optim, keep)
+        if accelerator.acc_machine.device_type == "cpu":
+            # gathered from the sharded state: FSDP1's full-state-dict path crashes on CPU (torch 2.13)
+            sharded_model, sharded_optim = get_state_dict(model, _torch_optimizer(optimizer))
+            msd, osd = gather_full(sharded_model, keep), gather_full(sharded_optim, keep)
+        else:
+            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            msd, osd = get_state_dict(model, _torch_optimizer(optimizer), options=opts)
         if keep:
             save_file({k: v.detach().contiguous().clone() for k, v in msd.items()}, str(directory / "model.safetensors"))
             tensors, meta = flatten_optimizer_state(osd)

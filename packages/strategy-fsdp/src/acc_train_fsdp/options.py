@@ -35,6 +35,8 @@ V1_ONLY = {
     "sync_module_states": "sync_module_states",
     "use_orig_params": "use_orig_params",
 }
+#: mixed-precision fields FSDP2's MixedPrecisionPolicy does not have
+V1_ONLY_PRECISION = {"buffer_dtype"}
 V2_ONLY = {"reshard_after_forward": "reshard_after_forward (use sharding_strategy under FSDP1)"}
 
 
@@ -49,8 +51,8 @@ class FSDPOptions(StrategyOptions):
     auto_wrap_policy: str = "transformer"
     #: Layer classes wrapped as units by the ``transformer`` policy (default: the model's ``_no_split_modules``).
     transformer_layer_cls_to_wrap: list[str] | None = None
-    #: Minimum parameters of a unit for the ``size`` policy.
-    min_num_params: int = Field(100_000_000, ge=1)
+    #: Minimum parameters of a unit for the ``size`` policy (default 100M).
+    min_num_params: int | None = Field(None, ge=1)
     #: FSDP1: when to prefetch the next unit's parameters in backward.
     backward_prefetch: Literal["backward_pre", "backward_post", "none"] | None = None
     #: FSDP1: prefetch the next unit's parameters in forward.
@@ -78,6 +80,19 @@ class FSDPOptions(StrategyOptions):
                 raise ValueError(f"{label} is an FSDP{other} option; this config runs FSDP{self.version} (strategy.version)")
         if self.cpu_ram_efficient_loading and self.version == 1 and self.sync_module_states is False:
             raise ValueError("cpu_ram_efficient_loading under FSDP1 needs sync_module_states: true")
+        if self.use_orig_params is False:
+            raise ValueError(
+                "use_orig_params: false leaves an optimizer built before wrapping pointing at parameters that get no "
+                "gradients; acc-train builds the optimizer first, so it needs use_orig_params: true"
+            )
+        if self.mixed_precision_policy is not None and self.version == 2:
+            for key in V1_ONLY_PRECISION:
+                if getattr(self.mixed_precision_policy, key) is not None:
+                    raise ValueError(f"mixed_precision_policy.{key} is an FSDP1 option; FSDP2 keeps buffers in their own dtype")
+        if self.activation_checkpointing and self.auto_wrap_policy == "none":
+            raise ValueError("activation_checkpointing needs a wrap policy that selects layers (auto_wrap_policy is none)")
+        if self.min_num_params is not None and self.auto_wrap_policy != "size":
+            raise ValueError(f"min_num_params is used by the size wrap policy only (auto_wrap_policy is {self.auto_wrap_policy!r})")
         if self.transformer_layer_cls_to_wrap is not None and self.auto_wrap_policy != "transformer":
             raise ValueError(
                 f"transformer_layer_cls_to_wrap is used by the transformer wrap policy only (auto_wrap_policy is {self.auto_wrap_policy!r})"

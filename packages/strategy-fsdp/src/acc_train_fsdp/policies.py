@@ -58,7 +58,7 @@ class SizePolicy(WrapPolicy):
     description = "every submodule with at least min_num_params parameters is a unit"
 
     def build(self, model: Any, options: dict[str, Any]) -> Callable[[Any], bool]:
-        minimum = options.get("min_num_params", 100_000_000)
+        minimum = options.get("min_num_params") or 100_000_000
         return lambda module: sum(p.numel() for p in module.parameters()) >= minimum
 
 

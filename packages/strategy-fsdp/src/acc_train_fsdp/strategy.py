@@ -8,6 +8,7 @@ really shards over gloo.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any
 
@@ -15,6 +16,8 @@ from acc_train import Machine, Strategy, StrategyOptions, UserError
 from acc_train_fsdp.options import FSDPOptions
 
 __all__ = ["FSDPStrategy"]
+
+DEFAULT_MIN_NUM_PARAMS = 100_000_000
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -49,32 +52,35 @@ class FSDPStrategy(Strategy):
                 where="strategy.sharding_strategy",
                 hint="use full_shard on one machine",
             )
-        if options.version == 1 and machine.device_type == "cpu" and options.cpu_ram_efficient_loading:
-            raise UserError(
-                "cpu_ram_efficient_loading under FSDP1 broadcasts rank 0's weights at wrap time, which FSDP1 cannot do on CPU",
-                where="strategy.cpu_ram_efficient_loading",
-                hint="use FSDP2 (version: 2), or drop cpu_ram_efficient_loading on CPU",
-            )
-        if options.version == 1 and machine.device_type == "cpu" and options.mixed_precision_policy is not None:
-            raise UserError(
-                "an FSDP1 mixed-precision policy on CPU is not supported here",
-                where="strategy.mixed_precision_policy",
-                hint="use FSDP2 (version: 2) or train in fp32 on CPU",
-            )
 
     def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
         import torch
         from accelerate.utils import FullyShardedDataParallelPlugin
 
         assert isinstance(options, FSDPOptions)
-        if options.cpu_ram_efficient_loading and job is not None and job.config.model.name_or_path is None:
+        from acc_train.accelerator import current_machine
+
+        on_cpu = current_machine().device_type == "cpu"
+        ram_efficient = options.cpu_ram_efficient_loading
+        if ram_efficient and job is not None and job.config.model.name_or_path is None:
             sys.stderr.write("warning: strategy.cpu_ram_efficient_loading has no effect on the demo model (nothing is loaded from disk)\n")
+        if ram_efficient and on_cpu and options.version == 1:
+            sys.stderr.write(
+                "warning: strategy.cpu_ram_efficient_loading is not used under FSDP1 on CPU (it needs the rank-0 broadcast "
+                "FSDP1 cannot do there); every rank loads the weights itself\n"
+            )
+            ram_efficient = False
+        if not on_cpu:
+            # Accelerate picks its cuda:nccl,cpu:gloo backend (needed when state lives on CPU) from
+            # these variables, which `accelerate launch` sets from the same options
+            os.environ["FSDP_OFFLOAD_PARAMS"] = str(options.cpu_offload).lower()
+            os.environ["FSDP_STATE_DICT_TYPE"] = "SHARDED_STATE_DICT" if options.state_dict_type == "sharded" else "FULL_STATE_DICT"
         kwargs: dict[str, Any] = {
             "fsdp_version": options.version,
             "cpu_offload": options.cpu_offload,
             "activation_checkpointing": options.activation_checkpointing,
             "state_dict_type": "SHARDED_STATE_DICT" if options.state_dict_type == "sharded" else "FULL_STATE_DICT",
-            "cpu_ram_efficient_loading": options.cpu_ram_efficient_loading,
+            "cpu_ram_efficient_loading": ram_efficient,
             # the wrap policy is resolved against the model in before_prepare
             "auto_wrap_policy": "no_wrap",
         }
@@ -87,10 +93,11 @@ class FSDPStrategy(Strategy):
         else:
             kwargs["reshard_after_forward"] = True if options.reshard_after_forward is None else options.reshard_after_forward
         if options.mixed_precision_policy is not None:
-            mp = options.mixed_precision_policy
-            kwargs["mixed_precision_policy"] = {
-                k: getattr(torch, DTYPES[v]) for k, v in mp.model_dump().items() if v is not None
-            }
+            mp = options.mixed_precision_policy.model_dump()
+            if options.version == 2:
+                mp.pop("buffer_dtype")
+            # Accelerate's dict form needs every field: unset ones stay fp32
+            kwargs["mixed_precision_policy"] = {k: getattr(torch, DTYPES[v or "fp32"]) for k, v in mp.items()}
         return {"fsdp_plugin": FullyShardedDataParallelPlugin(**kwargs)}
 
     @staticmethod
@@ -134,7 +141,7 @@ class FSDPStrategy(Strategy):
             plugin.transformer_cls_names_to_wrap = layer_class_names(model, options.transformer_layer_cls_to_wrap)
             plugin.auto_wrap_policy = transformer_auto_wrap_policy
         elif policy.name == "size":
-            plugin.min_num_params = options.min_num_params
+            plugin.min_num_params = options.min_num_params or DEFAULT_MIN_NUM_PARAMS
             plugin.auto_wrap_policy = size_based_auto_wrap_policy
         elif policy.name == "none":
             plugin.auto_wrap_policy = None
@@ -142,18 +149,27 @@ class FSDPStrategy(Strategy):
             predicate = policy.build(model, options.model_dump())
             if options.version == 1:
                 plugin.auto_wrap_policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=predicate)
-            else:  # Accelerate's FSDP2 path wraps by layer class: use the classes the predicate selects
-                root = type(model)
-                plugin.transformer_cls_names_to_wrap = sorted({type(m).__name__ for m in model.modules() if predicate(m) and type(m) is not root})
-                plugin.auto_wrap_policy = transformer_auto_wrap_policy if plugin.transformer_cls_names_to_wrap else None
+            else:  # Accelerate's FSDP2 path wraps by layer class: the predicate must select whole classes
+                modules = [m for m in model.modules() if m is not model]
+                chosen = {type(m) for m in modules if predicate(m)}
+                if any(type(m) in chosen and not predicate(m) for m in modules):
+                    raise UserError(
+                        f"wrap policy {policy.name!r} selects some modules of a class but not others; FSDP2 here wraps by layer class",
+                        where="strategy.auto_wrap_policy",
+                        hint="use it with version: 1, or make it select whole classes",
+                    )
+                plugin.transformer_cls_names_to_wrap = sorted(c.__name__ for c in chosen)
+                plugin.auto_wrap_policy = transformer_auto_wrap_policy if chosen else None
 
     def full_state_dict(self, accelerator: Any, model: Any, options: StrategyOptions) -> dict[str, Any]:
-        """Gathered for rank 0, whichever checkpoint format the run uses. Built from the sharded
-        state dict: FSDP1's own full-state-dict path crashes (SIGSEGV) on CPU in torch 2.13."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+        """Gathered for rank 0, whichever checkpoint format the run uses. On CPU it is built from
+        the sharded state dict: FSDP1's own full-state-dict path crashes (SIGSEGV) there in torch 2.13."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         from acc_train_fsdp.checkpoint import gather_full
 
+        if accelerator.acc_machine.device_type != "cpu":
+            return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return gather_full(get_model_state_dict(model), keep=accelerator.is_main_process)
 
     def parameter_elements(self, accelerator: Any, model: Any) -> tuple[int, int]:
