@@ -119,8 +119,8 @@ def test_malformed_set() -> None:
 
 
 def test_strategy_not_installed_names_the_package() -> None:
-    # whatever else is installed, block the fsdp plugin: the message must name what to install
-    proc = run_cli("--strategy", "fsdp", env={"ACC_TRAIN_BLOCK_PLUGINS": "fsdp"})
+    # as if only core and DDP were installed: the message must name what to install
+    proc = run_cli("--strategy", "fsdp", env={"ACC_TRAIN_BLOCK_PLUGINS": "fsdp,deepspeed"})
     assert_user_error(proc, 'strategy "fsdp" is not installed', "pip install acc-train-strategy-fsdp", "installed strategies: ddp)")
 
 

@@ -48,10 +48,13 @@ def register(plugin: object, name: str) -> None:
 
 
 def test_registry_holds_exactly_the_names_of_the_workspace_packages() -> None:
-    assert plugins.strategies().names() == ["data-parallel", "ddp", "fsdp", "fsdp-offload", "fsdp1", "fsdp2", "fully-sharded"]
-    assert plugins.checkpoint_formats().names() == ["fsdp-full", "fsdp-sharded", "full-state"]
+    assert plugins.strategies().names() == [
+        "data-parallel", "ddp", "deepspeed", "fsdp", "fsdp-offload", "fsdp1", "fsdp2", "fully-sharded",
+        "zero", "zero1", "zero2", "zero2-offload", "zero3", "zero3-offload",
+    ]  # fmt: skip
+    assert plugins.checkpoint_formats().names() == ["deepspeed", "fsdp-full", "fsdp-sharded", "full-state"]
     assert plugins.wrap_policies().names() == ["none", "size", "transformer"]
-    assert {s.name: owner for s, owner in plugins.strategies().primary()} == {"ddp": "ddp", "fsdp": "fsdp"}
+    assert {s.name: owner for s, owner in plugins.strategies().primary()} == {"ddp": "ddp", "deepspeed": "deepspeed", "fsdp": "fsdp"}
 
 
 def test_in_test_plugin_registers_a_strategy_with_aliases_and_presets() -> None:
@@ -98,7 +101,7 @@ def test_a_plugin_whose_registration_raises_is_skipped_and_reported() -> None:
 
 
 def test_blocking_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(plugins.ENV_BLOCK, "ddp,fsdp")
+    monkeypatch.setenv(plugins.ENV_BLOCK, "ddp,fsdp,deepspeed")
     assert plugins.strategies().names() == []
     with pytest.raises(UserError, match="pip install acc-train-strategy-ddp"):
         plugins.strategies().get("ddp")

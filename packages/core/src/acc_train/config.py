@@ -503,5 +503,4 @@ def from_accelerate_config(data: dict[str, Any], file: str) -> dict[str, Any]:
         if name not in strategies().names():
             raise strategies().not_found(name)
         raise UserError(f"no installed plugin maps distributed_type {kind}", where=file, hint=f"update {KNOWN_STRATEGY_PACKAGES.get(name)}")
-    out["strategy"] = section
-    return out
+    return deep_merge(out, section)

@@ -113,6 +113,11 @@ class Strategy(ABC):
                 local, total = local + p.numel(), total + p.numel()
         return local, total
 
+    def counts_model_state_bytes(self) -> bool:
+        """Whether run.json's per-rank ``model_state_bytes`` (counted from the torch optimizer's
+        parameters, gradients and state) is meaningful under this strategy."""
+        return True
+
     def checkpoint_format_for(self, options: StrategyOptions) -> str:
         """The registered checkpoint format to save with, given the options."""
         return self.checkpoint_format

@@ -373,7 +373,11 @@ def _summary(
         "param_elements": local_elements,
         "peak_memory_bytes": _peak_memory_bytes(machine.device_type),
         "param_checksum": _param_checksum(model),
-        "model_state_bytes": {**_model_state_bytes(run.optimizer), "grads": run.extras.get("grad_bytes", 0)},
+        "model_state_bytes": (
+            {**_model_state_bytes(run.optimizer), "grads": run.extras.get("grad_bytes", 0)}
+            if job.strategy.counts_model_state_bytes()
+            else None
+        ),
     }
     per_rank = sorted(gather_object([mine]), key=lambda r: r["rank"])
     tokens_run = (state.step - start_step) * job.config.training.micro_batch_size * job.config.data.seq_len * job.config.training.gradient_accumulation_steps * accelerator.num_processes

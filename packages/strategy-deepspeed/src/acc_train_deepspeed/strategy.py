@@ -1,0 +1,188 @@
+"""The ``deepspeed`` strategy: ZeRO stage 1/2/3 (optimizer state, gradients, parameters sharded).
+
+On GPUs this is Accelerate's own DeepSpeed path. On CPU, Accelerate refuses DeepSpeed and
+silently runs DDP; the strategy switches its state to DEEPSPEED through
+:mod:`acc_train.accelerate_compat`, and DeepSpeed's CPU accelerator trains over gloo.
+
+Batch size, gradient accumulation and clipping have one source of truth: the job's
+``training`` section.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from acc_train import Machine, Strategy, StrategyOptions, UserError
+from acc_train.checkpoint import CheckpointFormat
+from acc_train_deepspeed.config import load_ds_config
+
+__all__ = ["DeepSpeedOptions", "DeepSpeedStrategy", "DeepSpeedCheckpointFormat"]
+
+Offload = Literal["none", "cpu", "nvme"]
+
+#: options that shape zero_optimization; a config_file decides them instead
+ZERO_KEYS = (
+    "stage", "offload_optimizer", "offload_param", "nvme_path", "zero3_init_flag", "zero3_save_16bit_model",
+    "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size",
+)  # fmt: skip
+
+
+class DeepSpeedOptions(StrategyOptions):
+    #: ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters (default 3,
+    #: or the ``config_file``'s).
+    stage: Literal[0, 1, 2, 3] | None = None
+    #: A DeepSpeed JSON config used as given; ``"auto"`` values are filled from the job.
+    config_file: str | None = None
+    #: Where optimizer state lives between steps.
+    offload_optimizer: Offload = "none"
+    #: Where parameters live between uses (stage 3 only).
+    offload_param: Offload = "none"
+    #: Directory for NVMe offload.
+    nvme_path: str | None = None
+    #: Build the model already partitioned (stage 3; for models too large for one rank).
+    zero3_init_flag: bool | None = None
+    #: Gather 16-bit weights when DeepSpeed saves the model (stage 3).
+    zero3_save_16bit_model: bool | None = None
+    overlap_comm: bool | None = None
+    contiguous_gradients: bool | None = None
+    #: Elements per gradient reduction bucket.
+    reduce_bucket_size: int | None = Field(None, ge=1)
+    #: Elements per all-gather bucket (stages 1 and 2).
+    allgather_bucket_size: int | None = Field(None, ge=1)
+
+    @property
+    def zero_stage(self) -> int:
+        return 3 if self.stage is None else self.stage
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeepSpeedOptions:
+        if self.config_file is not None:
+            given = [k for k in ZERO_KEYS if getattr(self, k) not in (None, "none")]
+            if given:
+                raise ValueError(
+                    f"with config_file, the DeepSpeed JSON's zero_optimization decides; remove {', '.join(given)} "
+                    "(or use the plain 'deepspeed' strategy name, not a zero* preset)"
+                )
+            return self
+        stage = self.zero_stage
+        if self.offload_param != "none" and stage != 3:
+            raise ValueError(f"offload_param needs stage 3 (this config has stage {stage})")
+        if self.offload_optimizer != "none" and stage == 0:
+            raise ValueError("offload_optimizer needs ZeRO stage 1, 2 or 3")
+        if "nvme" in (self.offload_optimizer, self.offload_param) and not self.nvme_path:
+            raise ValueError("NVMe offload needs nvme_path")
+        for key in ("zero3_init_flag", "zero3_save_16bit_model"):
+            if getattr(self, key) is not None and stage != 3:
+                raise ValueError(f"{key} applies to stage 3 only (this config has stage {stage})")
+        if self.allgather_bucket_size is not None and stage == 3:
+            raise ValueError("allgather_bucket_size applies to stages 1 and 2; stage 3 prefetches parameters instead")
+        return self
+
+
+class DeepSpeedStrategy(Strategy):
+    name = "deepspeed"
+    aliases = ("zero",)
+    presets = {
+        "zero1": {"stage": 1},
+        "zero2": {"stage": 2},
+        "zero3": {"stage": 3},
+        "zero2-offload": {"stage": 2, "offload_optimizer": "cpu"},
+        "zero3-offload": {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+    }
+    description = "DeepSpeed ZeRO 1/2/3 (optimizer state, gradients, parameters sharded), with offload"
+    options_schema = DeepSpeedOptions
+    checkpoint_format = "deepspeed"
+
+    def check_environment(self, options: StrategyOptions, machine: Machine) -> None:
+        assert isinstance(options, DeepSpeedOptions)
+        if machine.device_type == "cpu" and "cpu" in (options.offload_optimizer, options.offload_param):
+            raise UserError(
+                "CPU offload moves state from accelerator memory to CPU memory; this run has no accelerator, so it would do nothing",
+                where="strategy.offload_optimizer" if options.offload_optimizer == "cpu" else "strategy.offload_param",
+                hint="use zero2 / zero3 (without -offload) on a CPU-only run",
+            )
+
+    def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
+        from accelerate.utils import DeepSpeedPlugin
+
+        assert isinstance(options, DeepSpeedOptions)
+        training = job.config.training if job is not None else None
+        gas = training.gradient_accumulation_steps if training else 1
+        clip = (training.max_grad_norm or 0.0) if training else 0.0
+        if options.config_file is not None:
+            from acc_train.accelerator import current_machine, resolve_mixed_precision
+
+            precision = resolve_mixed_precision(training.mixed_precision if training else "auto", current_machine())
+            mbs = training.micro_batch_size if training else "auto"
+            ds_config = load_ds_config(options.config_file, mbs, gas, clip, precision)
+            stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
+            return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds_config, zero3_init_flag=stage == 3)}
+        zero: dict[str, Any] = {"stage": options.zero_stage}
+        for key in ("overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size"):
+            if getattr(options, key) is not None:
+                zero[key] = getattr(options, key)
+        if options.offload_optimizer != "none":
+            zero["offload_optimizer"] = {"device": options.offload_optimizer, **({"nvme_path": options.nvme_path} if options.offload_optimizer == "nvme" else {})}
+        if options.offload_param != "none":
+            zero["offload_param"] = {"device": options.offload_param, **({"nvme_path": options.nvme_path} if options.offload_param == "nvme" else {})}
+        if options.zero_stage == 3:
+            zero["stage3_gather_16bit_weights_on_model_save"] = bool(options.zero3_save_16bit_model)
+        config = {
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": gas,
+            "gradient_clipping": clip,
+            "zero_optimization": zero,
+        }
+        plugin = DeepSpeedPlugin(
+            hf_ds_config=config,
+            zero3_init_flag=bool(options.zero3_init_flag) if options.zero_stage == 3 else False,
+        )
+        return {"deepspeed_plugin": plugin}
+
+    def after_accelerator(self, accelerator: Any, options: StrategyOptions) -> None:
+        if accelerator.acc_machine.device_type != "cpu":
+            return
+        from acc_train.accelerate_compat import run_sharded_on_cpu
+
+        plugin = accelerator.acc_kwargs["deepspeed_plugin"]
+        plugin.set_mixed_precision(accelerator.mixed_precision)
+        plugin.select(_from_accelerator_state=True)
+        run_sharded_on_cpu(accelerator, "DEEPSPEED", deepspeed_plugins=plugin)
+        accelerator.deepspeed_engine_wrapped = None
+
+    def expected_distributed_types(self, machine: Machine) -> set[str]:
+        return {"DEEPSPEED"}
+
+    def full_state_dict(self, accelerator: Any, model: Any, options: StrategyOptions) -> dict[str, Any]:
+        """Under ZeRO-3 the partitions are gathered (DeepSpeed's consolidated state dict)."""
+        if accelerator.state.deepspeed_plugin.zero_stage == 3:
+            state = model._zero3_consolidated_16bit_state_dict()
+            return state if accelerator.is_main_process else {}
+        return accelerator.get_state_dict(model)
+
+    def counts_model_state_bytes(self) -> bool:
+        return False  # ZeRO keeps its state in its own flat buffers, not in the torch optimizer
+
+    def summary(self, accelerator: Any, options: StrategyOptions) -> dict[str, Any]:
+        return {"zero_stage": accelerator.state.deepspeed_plugin.zero_stage}
+
+
+class DeepSpeedCheckpointFormat(CheckpointFormat):
+    """DeepSpeed's own per-rank files (``engine.save_checkpoint``). DeepSpeed writes them with
+    ``torch.save`` and reads them with ``torch.load``: they are pickles, loaded by DeepSpeed's
+    own loader, never from a path outside the checkpoint directory."""
+
+    name = "deepspeed"
+    description = "DeepSpeed's own per-rank model and ZeRO optimizer files"
+
+    def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
+        model.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
+
+    def load(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
+        path, _ = model.load_checkpoint(str(directory / "deepspeed"), tag="state", load_optimizer_states=True, load_lr_scheduler_states=False)
+        if path is None:
+            raise UserError(f"DeepSpeed found no checkpoint in {directory / 'deepspeed'}", where="--resume")
+
