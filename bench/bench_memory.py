@@ -53,6 +53,9 @@ def main() -> None:
                 sharded = summary["distributed_type"] == "DistributedType.FSDP"
                 predicted = 16 * psi / n if sharded else 16 * psi
                 per_rank = summary["per_rank"]
+                if per_rank[0]["model_state_bytes"] is None:
+                    print(f"skipped: {strategy} does not report model-state bytes yet", file=sys.stderr)
+                    continue
                 held = [sum(r["model_state_bytes"].values()) for r in per_rank]
                 parts = {k: statistics.fmean(r["model_state_bytes"][k] for r in per_rank) for k in ("params", "grads", "optimizer")}
                 rows.append(

@@ -1,6 +1,8 @@
-"""FSDP2 against DDP on the GPUs of one machine: tokens/s and peak memory, ~1B parameters, bf16.
+"""FSDP2 and DeepSpeed ZeRO-3 against DDP on the GPUs of one machine: tokens/s and peak memory,
+~1B parameters, bf16.
 
-One command on a machine with CUDA GPUs and acc-train installed (with the FSDP strategy):
+One command on a machine with CUDA GPUs and acc-train installed (with the FSDP and DeepSpeed
+strategies):
 
     python bench/gpu_fsdp_vs_ddp.py            # all GPUs; --num-processes N to choose
 
@@ -36,7 +38,7 @@ def main() -> None:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for strategy in ("ddp", "fsdp"):
+        for strategy in ("ddp", "fsdp", "zero3"):
             out = Path(tmp) / strategy
             cmd = [
                 sys.executable, "-m", "acc_train_cli", "--strategy", strategy,
@@ -59,7 +61,8 @@ def main() -> None:
     print("--- | --- | --- | --- | --- | --- | ---")
     for r in rows:
         print(f"{r[0]} | {r[1].split('.')[-1]} | {r[2] / 1e9:.2f}B | {r[3]:,.0f} | {r[4]:.3f} | {r[5] / 2**30:.1f} | {r[6]:.3f}")
-    print(f"fsdp/ddp: tokens/s {rows[1][3] / rows[0][3]:.3f}, peak memory {rows[1][5] / rows[0][5]:.3f}")
+    for r in rows[1:]:
+        print(f"{r[0]}/ddp: tokens/s {r[3] / rows[0][3]:.3f}, peak memory {r[5] / rows[0][5]:.3f}")
 
 
 if __name__ == "__main__":
