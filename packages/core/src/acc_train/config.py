@@ -454,6 +454,19 @@ ACCELERATE_MAPPED_KEYS = {
 DATA_PARALLEL_TYPES = {"NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU"}
 
 
+def check_accelerate_section(section: dict[str, Any], known: Any, name: str) -> None:
+    """Refuse keys of an ``accelerate config`` section (``fsdp_config``...) that a plugin does
+    not map, suggesting the closest one it does."""
+    for key in section:
+        if key not in known:
+            near = closest(key, known)
+            raise UserError(
+                f"unknown or unsupported key {key!r}" + (f'; did you mean "{near}"?' if near else ""),
+                where=f"{name}.{key}",
+                hint=f"acc-train maps these {name} keys: " + ", ".join(sorted(known)),
+            )
+
+
 def is_accelerate_config(data: dict[str, Any]) -> bool:
     return "distributed_type" in data or "compute_environment" in data
 

@@ -18,19 +18,15 @@ def main() -> None:
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` does
 
-    from acc_train.errors import EXIT_USER_ERROR, UserError
+    from acc_train.errors import UserError
+    from acc_train.worker import exit_with_user_error
 
     @record
     def run() -> None:
         try:
             runpy.run_path(script, run_name="__main__")
         except UserError as exc:  # e.g. a strategy that cannot run here: one message, exit 2
-            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-            handler = ErrorHandler()
-            handler.initialize()
-            handler.record_exception(exc)
-            sys.exit(EXIT_USER_ERROR)
+            exit_with_user_error(exc)
 
     run()
 

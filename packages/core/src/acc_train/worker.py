@@ -14,7 +14,7 @@ from acc_train.errors import EXIT_USER_ERROR, UserError
 
 
 def main(argv: list[str] | None = None) -> None:
-    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
+    from torch.distributed.elastic.multiprocessing.errors import record
 
     from acc_train.config import load_resolved
     from acc_train.trainer import train
@@ -32,12 +32,19 @@ def main(argv: list[str] | None = None) -> None:
                 job.config.resume = "auto"  # restarted after a failure: continue from the latest checkpoint
             train(job)
         except UserError as exc:
-            handler = ErrorHandler()
-            handler.initialize()
-            handler.record_exception(exc)
-            sys.exit(EXIT_USER_ERROR)
+            exit_with_user_error(exc)
 
     run()
+
+
+def exit_with_user_error(exc: UserError) -> None:
+    """Put the message where the launching command reads it (the elastic error file), exit 2."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    handler = ErrorHandler()
+    handler.initialize()
+    handler.record_exception(exc)
+    sys.exit(EXIT_USER_ERROR)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from acc_train import UserError
-from acc_train.errors import closest
+from acc_train.config import check_accelerate_section
 
 __all__ = ["load_ds_config", "from_accelerate_section"]
 
@@ -82,14 +82,7 @@ ACCELERATE_KEYS = {
 
 def from_accelerate_section(section: dict[str, Any]) -> dict[str, Any]:
     """``deepspeed_config`` of an ``accelerate config`` YAML -> acc-train config sections."""
-    for key in section:
-        if key not in ACCELERATE_KEYS:
-            near = closest(key, ACCELERATE_KEYS)
-            raise UserError(
-                f"unknown or unsupported key {key!r}" + (f'; did you mean "{near}"?' if near else ""),
-                where=f"deepspeed_config.{key}",
-                hint="acc-train maps these deepspeed_config keys: " + ", ".join(sorted(ACCELERATE_KEYS)),
-            )
+    check_accelerate_section(section, ACCELERATE_KEYS, "deepspeed_config")
     launcher = section.get("deepspeed_multinode_launcher")
     if launcher not in (None, "standard") or section.get("deepspeed_hostfile") not in (None, "", "none"):
         sys.stderr.write(

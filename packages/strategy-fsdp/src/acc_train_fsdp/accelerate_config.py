@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from acc_train import UserError
-from acc_train.errors import closest
+from acc_train.config import check_accelerate_section
 
 __all__ = ["strategy_from_accelerate_config"]
 
@@ -47,14 +47,7 @@ def _no_effect(key: str) -> None:
 
 def strategy_from_accelerate_config(section: dict[str, Any]) -> dict[str, Any]:
     """``fsdp_config`` -> the ``strategy:`` section (``name: fsdp`` plus options)."""
-    for key in section:
-        if key not in KNOWN:
-            near = closest(key, KNOWN)
-            raise UserError(
-                f"unknown key {key!r}" + (f'; did you mean "{near}"?' if near else ""),
-                where=f"fsdp_config.{key}",
-                hint="acc-train maps these fsdp_config keys: " + ", ".join(KNOWN),
-            )
+    check_accelerate_section(section, KNOWN, "fsdp_config")
     version = int(section.get("fsdp_version", 1))
     out: dict[str, Any] = {"name": "fsdp", "version": version}
     if "fsdp_sharding_strategy" in section:
