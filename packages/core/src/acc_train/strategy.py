@@ -22,7 +22,7 @@ listing strategies and ``--help`` never pay for them. Import them inside methods
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -48,7 +48,6 @@ class Machine:
     device_type: str  # "cpu" or "cuda" (or another torch device type)
     world_size: int
     num_machines: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Strategy(ABC):
