@@ -33,6 +33,7 @@ import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from acc_train.errors import UserError
@@ -106,6 +107,14 @@ class CheckpointFormat(ABC):
     #: Whether ``save`` also writes the portable state (``state/``), which any format that
     #: implements :meth:`load_portable` can resume from.
     writes_portable: ClassVar[bool] = False
+
+    #: Whether :meth:`save_async` is implemented.
+    supports_async: ClassVar[bool] = False
+
+    def save_async(self, accelerator: Accelerator, model: Any, optimizer: Any, directory: Path, process_group: Any) -> Any:
+        """Like ``save``, but return once the state is copied aside, with a future that
+        completes when it is written (collectives on ``process_group``, not the training one)."""
+        raise NotImplementedError
 
     def load_portable(self, accelerator: Accelerator, model: Any, optimizer: Any, directory: Path) -> None:
         """Restore from the portable state of a checkpoint another format (strategy, world
@@ -277,6 +286,19 @@ class DCPFormat(CheckpointFormat):
         msd, osd = get_state_dict(model, torch_optimizer(optimizer))
         write_portable_state(directory, msd, osd["state"])
 
+    supports_async = True
+
+    def save_async(self, accelerator: Accelerator, model: Any, optimizer: Any, directory: Path, process_group: Any) -> Any:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(model, torch_optimizer(optimizer))
+        writer = HuggingFaceStorageWriter(str(directory / PORTABLE_DIR), save_distributed=_distributed())
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            return dcp.async_save({"model": msd, "optim": {"state": osd["state"]}}, storage_writer=writer, process_group=process_group)
+
     def load(self, accelerator: Accelerator, model: Any, optimizer: Any, directory: Path) -> None:
         load_portable_into(model, optimizer, directory)
 
@@ -409,6 +431,15 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+def check_async_save(fmt: CheckpointFormat) -> None:
+    if not fmt.supports_async:
+        raise UserError(
+            f"checkpoint format {fmt.name!r} (this strategy's) saves synchronously only",
+            where="checkpoint.async_save",
+            hint="drop checkpoint.async_save, or use a strategy whose checkpoints are 'dcp' (ddp; fsdp with state_dict_type: sharded)",
+        )
+
+
 class CheckpointManager:
     """Saves and restores checkpoints for one run, atomically."""
 
@@ -422,6 +453,8 @@ class CheckpointManager:
         data_signature: dict[str, Any],
         seed: int = 0,
         model_config: dict[str, Any] | None = None,
+        async_save: bool = False,
+        on_commit: Callable[[int, Path], None] | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.root = output_dir / "checkpoints"
@@ -433,26 +466,45 @@ class CheckpointManager:
         self.seed = seed
         #: written as model_config.json, so ``checkpoint export`` can rebuild the model
         self.model_config = model_config
+        if async_save:
+            check_async_save(fmt)
+        self.async_save = async_save
+        #: called on every rank once a checkpoint is committed: (step, path)
+        self.on_commit = on_commit
+        #: seconds the training loop was blocked by each save
+        self.blocked_s: list[float] = []
+        self._pending: tuple[Any, TrainerState, Path] | None = None
+        self._group: Any = None
         if accelerator.is_main_process and self.root.is_dir():
             for stale in self.root.glob(f"{STAGING_PREFIX}*"):  # left by a save that was killed
                 shutil.rmtree(stale, ignore_errors=True)
 
-    def save(self, model: Any, optimizer: Any, scheduler: Any, state: TrainerState) -> Path:
+    def save(self, model: Any, optimizer: Any, scheduler: Any, state: TrainerState) -> None:
+        """Write a checkpoint of ``state``. A synchronous save is committed on return; an
+        asynchronous one when its writes are done, at the next save or at :meth:`finish`.
+        ``on_commit`` is called either way."""
+        import copy
+        import time
+
         from safetensors.torch import save_file
 
+        self.finish()  # a previous asynchronous save is committed before the next begins
         acc = self.accelerator
-        name = step_dir_name(state.step)
-        staging = self.root / f"{STAGING_PREFIX}{name}"
-        final = self.root / name
+        staging = self.root / f"{STAGING_PREFIX}{step_dir_name(state.step)}"
         if acc.is_main_process:
             if staging.exists():
                 shutil.rmtree(staging)
             staging.mkdir(parents=True)
         acc.wait_for_everyone()
+        started = time.perf_counter()
         staging.mkdir(parents=True, exist_ok=True)  # machines without a shared filesystem
         fault_point("save-start", state.step)
-        self.fmt.save(acc, model, optimizer, staging)
-        fault_point("save-state-written", state.step)
+        future = None
+        if self.async_save:
+            future = self.fmt.save_async(acc, model, optimizer, staging, self._async_group())
+        else:
+            self.fmt.save(acc, model, optimizer, staging)
+            fault_point("save-state-written", state.step)
         rank = acc.process_index
         rng_json, rng_tensors = capture_rng()
         _write_json(staging / f"rng-rank{rank:05d}.json", rng_json)
@@ -464,6 +516,35 @@ class CheckpointManager:
             _write_json(staging / "trainer_state.json", {**state.to_json(), **extra})
             if self.model_config is not None:
                 _write_json(staging / "model_config.json", self.model_config)
+        self.blocked_s.append(time.perf_counter() - started)
+        if future is not None:
+            self._pending = (future, copy.copy(state), staging)
+            return
+        self._commit(staging, state)
+
+    def finish(self) -> None:
+        """Wait for an asynchronous save still being written, and commit it."""
+        if self._pending is None:
+            return
+        future, state, staging = self._pending
+        self._pending = None
+        future.result()
+        fault_point("save-state-written", state.step)
+        self._commit(staging, state)
+
+    def _async_group(self) -> Any:
+        """A process group of its own for the background writer's collectives, so they never
+        interleave with the training loop's on the default group."""
+        import torch.distributed as dist
+
+        if self._group is None and dist.is_available() and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _commit(self, staging: Path, state: TrainerState) -> None:
+        acc = self.accelerator
+        name = step_dir_name(state.step)
+        final = self.root / name
         acc.wait_for_everyone()
         if acc.is_main_process:
             files = {
@@ -499,7 +580,8 @@ class CheckpointManager:
                 shutil.rmtree(replaced, ignore_errors=True)
             self._retain(state.step)
         acc.wait_for_everyone()
-        return final
+        if self.on_commit is not None:
+            self.on_commit(state.step, final)
 
     def _retain(self, step: int) -> None:
         """Delete checkpoints beyond ``keep_last``, and those ahead of ``step``: they belong to
@@ -546,9 +628,11 @@ class CheckpointManager:
         else:
             self.fmt.load(acc, model, optimizer, path)  # a format that reshards itself, or says why not
         raw = json.loads((path / "trainer_state.json").read_text())
-        scheduler.load_state_dict(raw.pop("scheduler"))
-        # the optimizer's next step uses its groups' lr: recompute it at the restored step with
-        # this run's schedule (which may end at another max_steps than the writer's)
+        # the schedule's position comes from the checkpoint; its base rates and shape from this
+        # run (another strategy may group the parameters differently, another max_steps
+        # stretches the schedule). The optimizer's next step uses its groups' lr: recompute it.
+        saved_schedule = {k: v for k, v in raw.pop("scheduler").items() if k not in ("base_lrs", "_last_lr", "lr_lambdas")}
+        scheduler.load_state_dict({**scheduler.state_dict(), **saved_schedule})
         scheduler.last_epoch -= 1
         scheduler.step()
         scaler_state = raw.pop("grad_scaler", None)

@@ -152,6 +152,10 @@ class CheckpointConfig(Section):
     every: int = Field(100, ge=0)
     #: Keep the N most recent complete checkpoints; null keeps all.
     keep_last: int | None = Field(2, ge=1)
+    #: Write the state in a background thread (torch.distributed.checkpoint's async_save): the
+    #: loop blocks only while it is copied aside. The checkpoint is committed (manifest,
+    #: ``latest``) once written, at the next save or the end of training. ``dcp`` format only.
+    async_save: bool = False
 
 
 class LaunchConfig(Section):

@@ -74,6 +74,12 @@ def launch(section: LaunchSection, args: list[str], env: dict[str, str]) -> None
 
     nproc = section.num_processes or default_num_processes()
     os.environ.update(env)
+    if section.max_restarts:
+        # Workers restarted by the agent would rendezvous through the agent's TCPStore, where
+        # the failed attempt's keys are still present: gloo then connects to dead peers and
+        # hangs (explicit rank/world_size, as Accelerate passes them; pytorch/pytorch#135712).
+        # Unshared, rank 0 hosts a fresh store on a new port every attempt.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does, but sized to the machine
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     # failures are reported below, failing rank first; the agent's own log lines only repeat them

@@ -15,6 +15,7 @@ from typing import Any
 from acc_train.checkpoint import (
     CheckpointManager,
     TrainerState,
+    check_async_save,
     check_same_model,
     fault_point,
     find_checkpoint,
@@ -56,6 +57,8 @@ def prepare_output_dir(job: ResolvedJob) -> Path:
         for name in existing:
             target = out / name
             shutil.rmtree(target) if target.is_dir() else target.unlink()
+    if cfg.checkpoint.async_save:
+        check_async_save(checkpoint_formats().get(job.strategy.checkpoint_format_for(job.options)))
     if cfg.resume:  # fail before launch, and before writing anything, on a bad --resume
         path = find_checkpoint(out, cfg.resume)
         if path is not None:
@@ -182,6 +185,7 @@ def train(job: ResolvedJob) -> dict[str, Any]:
         },
         seed=t_cfg.seed,
         model_config=model_config,
+        async_save=cfg.checkpoint.async_save,
     )
     state = TrainerState()
     resumed_from = None
@@ -280,6 +284,12 @@ def _loop(
     meter = run.extras["model_state_meter"]
     last_loss = best_loss = eval_loss = None
     saved: list[str] = []
+
+    def committed(step: int, path: Path) -> None:
+        saved.append(str(path))
+        call_lifecycle("acc_train_checkpoint_saved", run=run, step=step, path=str(path))
+
+    manager.on_commit = committed
     model.train()
 
     while state.step < max_steps:
@@ -336,12 +346,12 @@ def _loop(
             every = cfg.checkpoint.every
             if (every and state.step % every == 0) or last:
                 state.elapsed_s = elapsed
-                path = manager.save(model, optimizer, scheduler, state)
-                saved.append(str(path))
-                call_lifecycle("acc_train_checkpoint_saved", run=run, step=state.step, path=str(path))
+                manager.save(model, optimizer, scheduler, state)
             t_prev = time.perf_counter()  # evaluation and saving stay out of the step time
             if last:
                 break
+    manager.finish()  # an asynchronous last save is committed before the run is summed up
+    run.extras["checkpoint_blocked_s"] = manager.blocked_s
     elapsed_run = time.perf_counter() - t_start
     return _summary(run, job, state, model, start_step, elapsed_run, step_times, last_loss, best_loss, eval_loss, saved)
 
@@ -393,6 +403,11 @@ def _summary(
         "elapsed_s": round(state.elapsed_s, 3),
         "step_time_s": statistics.fmean(step_times) if step_times else None,
         "step_time_median_s": statistics.median(step_times) if step_times else None,
+        "checkpoint_saves": {
+            "mode": "async" if job.config.checkpoint.async_save else "sync",
+            "blocked_s": [round(t, 4) for t in run.extras["checkpoint_blocked_s"]],
+            "mean_blocked_s": statistics.fmean(run.extras["checkpoint_blocked_s"]) if run.extras["checkpoint_blocked_s"] else None,
+        },
         "model_parameters": model_elements,
         "per_rank": per_rank,
         "checkpoints": saved,

@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> None:
             train(job)
         except UserError as exc:
             exit_with_user_error(exc)
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():  # a clean exit, not an abort in gloo's teardown
+            dist.destroy_process_group()
 
     run()
 

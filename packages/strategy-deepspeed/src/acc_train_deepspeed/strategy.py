@@ -224,6 +224,21 @@ def _names_by_param(module: Any) -> list[tuple[str, list[str], Any]]:
     return list(seen.values())
 
 
+def _ensure_adam_state(engine: Any) -> None:
+    """Before the first step the torch optimizer has no state for ZeRO's flat partitions:
+    create AdamW's (step, exp_avg, exp_avg_sq), as its first step would, to be filled."""
+    import torch
+
+    zero = engine.optimizer
+    flats = zero.fp32_partitioned_groups_flat if engine.zero_optimization_stage() == 3 else zero.single_partition_of_fp32_groups
+    for flat in flats:
+        state = zero.optimizer.state[flat]
+        if not state:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(flat, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(flat, memory_format=torch.preserve_format)
+
+
 def _link_optimizer_state(engine: Any) -> None:
     """Stages 1-2: point every parameter's fragment at its group's optimizer state. DeepSpeed
     links them once, after the first group's first step, so the later groups' fragments (here
@@ -295,6 +310,7 @@ def _scatter_portable(engine: Any, directory: Path) -> None:
         if p.requires_grad
     }
     read_portable_state(directory, weights, moments)
+    _ensure_adam_state(engine)
     _link_optimizer_state(engine)
     with torch.no_grad():
         for first, _, p in params:
