@@ -84,8 +84,10 @@ def test_strategy_options_are_strict() -> None:
 def test_two_plugins_claiming_one_name_is_an_error_naming_both() -> None:
     register(EchoPlugin(), "first-echo")
     register(EchoPlugin(), "second-echo")
+    assert "ddp" in plugins.strategies().names() and "echo" not in plugins.strategies().names()  # the rest keeps working
     with pytest.raises(UserError, match='"echo" is claimed by both plugin "first-echo" and plugin "second-echo"'):
-        plugins.strategies().names()
+        plugins.strategies().get("echo")
+    assert any(f.name == "second-echo" and '"echo" is claimed by both' in f.reason for f in plugins.plugin_failures())
 
 
 def test_a_plugin_whose_registration_raises_is_skipped_and_reported() -> None:
