@@ -107,15 +107,6 @@ class PerRankFormat(CheckpointFormat):
         optimizer.load_state_dict(unflatten_optimizer_state(tensors, meta))
 
 
-def _skip_allreduce(state: Any, bucket: Any) -> Any:
-    """A DDP communication hook that hands back this rank's own gradients, unreduced."""
-    import torch
-
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(bucket.buffer())
-    return future
-
-
 @hookimpl
 def acc_train_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(LocalSGDStrategy())
@@ -131,11 +122,13 @@ def acc_train_train_start(run: Any) -> None:
     if not isinstance(run.job.strategy, LocalSGDStrategy):
         return
     from accelerate.local_sgd import LocalSGD
+    from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
     options = run.job.options
     assert isinstance(options, LocalSGDOptions)
     if hasattr(run.model, "register_comm_hook"):  # wrapped in DDP: more than one process
-        run.model.register_comm_hook(state=None, hook=_skip_allreduce)
+        # hands each rank's own gradients back instead of all-reducing them
+        run.model.register_comm_hook(state=None, hook=noop_hook)
     helper = LocalSGD(accelerator=run.accelerator, model=run.model, local_sgd_steps=options.sync_every, enabled=True)
     helper.num_steps = run.step  # a resumed run continues the count
     run.extras[EXTRAS_KEY] = helper
