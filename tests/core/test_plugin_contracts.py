@@ -130,3 +130,13 @@ def test_tracing_prints_registration_and_lifecycle_hook_calls(monkeypatch: pytes
     err = capsys.readouterr().err
     assert "[acc_train hook] acc_train_register_strategies [plugin ddp]" in err
     assert "acc_train_step_end [hook]" in err and "step: 3" in err
+
+
+def test_a_wrong_answer_to_the_accelerate_config_hook_is_an_error_naming_the_plugin(install: Install, tmp_path: Path) -> None:
+    from acc_train.config import load_job
+
+    install("badmap", "@hookimpl\ndef acc_train_accelerate_config(distributed_type, config):\n    return ['mine'] if distributed_type == 'MEGATRON_LM' else None\n")
+    cfg = tmp_path / "accelerate.yaml"
+    cfg.write_text("distributed_type: MEGATRON_LM\nnum_processes: 2\n")
+    with pytest.raises(UserError, match='plugin "badmap" answered acc_train_accelerate_config for MEGATRON_LM with list'):
+        load_job(cfg)

@@ -32,6 +32,7 @@ __all__ = [
     "PluginFailure",
     "PluginInfo",
     "Registry",
+    "accelerate_config_section",
     "get_plugin_manager",
     "plugin_failures",
     "plugin_infos",
@@ -401,6 +402,27 @@ def wrap_policies() -> Registry[Any]:
 
 def checkpoint_formats() -> Registry[Any]:
     return _REGISTRIES["checkpoint_format"]
+
+
+def accelerate_config_section(distributed_type: str, config: dict[str, Any]) -> dict[str, Any] | None:
+    """``acc_train_accelerate_config``'s first non-None answer, checked: a plugin that answers
+    with anything but ``{"strategy": {"name": ..., ...}, ...}`` is named in the error."""
+    pm = get_plugin_manager()
+    for impl in reversed(pm.hook.acc_train_accelerate_config.get_hookimpls()):  # pluggy's call order
+        if _flag(ENV_TRACE):
+            sys.stderr.write(f"[acc_train hook] acc_train_accelerate_config [plugin {impl.plugin_name}]\n")
+        answer = impl.function(distributed_type=distributed_type, config=config)
+        if answer is None:
+            continue
+        strategy = answer.get("strategy") if isinstance(answer, dict) else None
+        if not (isinstance(strategy, dict) and isinstance(strategy.get("name"), str)):
+            raise PluginError(
+                f'plugin "{impl.plugin_name}" answered acc_train_accelerate_config for {distributed_type} with '
+                f"{type(answer).__name__} {answer!r:.200}, not config sections with strategy.name",
+                hint=f"report it to the plugin's authors, or block it with {ENV_BLOCK}={impl.plugin_name}",
+            )
+        return answer
+    return None
 
 
 def call_lifecycle(name: str, **kwargs: Any) -> None:
