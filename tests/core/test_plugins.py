@@ -53,7 +53,7 @@ def test_registry_holds_exactly_the_names_of_the_workspace_packages(monkeypatch:
         "data-parallel", "ddp", "deepspeed", "fsdp", "fsdp-offload", "fsdp1", "fsdp2", "fully-sharded",
         "zero", "zero1", "zero2", "zero2-offload", "zero3", "zero3-offload",
     ]  # fmt: skip
-    assert plugins.checkpoint_formats().names() == ["deepspeed", "fsdp-full", "fsdp-sharded", "full-state"]
+    assert plugins.checkpoint_formats().names() == ["dcp", "deepspeed", "fsdp-full"]
     assert plugins.wrap_policies().names() == ["none", "size", "transformer"]
     assert {s.name: owner for s, owner in plugins.strategies().primary()} == {"ddp": "ddp", "deepspeed": "deepspeed", "fsdp": "fsdp"}
 
@@ -113,7 +113,7 @@ def test_blocking_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_autoload_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(plugins.ENV_DISABLE_AUTOLOAD, "1")
     assert [i.name for i in plugins.plugin_infos()] == ["builtin"]
-    assert plugins.checkpoint_formats().names() == ["full-state"]  # core's own plugin still loads
+    assert plugins.checkpoint_formats().names() == ["dcp"]  # core's own plugin still loads
 
 
 def test_lifecycle_hooks_reach_plugins() -> None:

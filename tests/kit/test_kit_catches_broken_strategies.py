@@ -3,7 +3,8 @@
 ``broken-dp`` is a real installed plugin (a dist-info on ``PYTHONPATH``, so the launched workers
 find it too) that gets three things wrong: its options schema allows unknown keys; it skips
 DDP's gradient all-reduce yet declares itself equivalent to DDP; and, its ranks having
-drifted apart, it still checkpoints only rank 0's state, so a resume cannot reproduce the run.
+drifted apart, it still checkpoints one copy of what it takes for replicated state, so a resume
+cannot reproduce the run.
 The kit runs on it (and on a name nothing registers) in a separate pytest session, and each
 defect must fail its own test with a message that says what is wrong, while the rest pass.
 """
@@ -34,7 +35,7 @@ class BrokenDP(Strategy):
     name = "broken-dp"
     description = "deliberately broken, for the conformance kit's own tests"
     options_schema = LooseOptions
-    checkpoint_format = "full-state"  # broken: rank 0's state only, though the ranks differ
+    checkpoint_format = "dcp"  # broken: one copy of replicated state, though the ranks differ
 
     def accelerator_kwargs(self, options, job):
         return {}

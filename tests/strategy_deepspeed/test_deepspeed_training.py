@@ -35,13 +35,39 @@ def test_zero3_losses_match_ddp(zero3_run: Path, ddp_run: Path) -> None:
         assert zero[step]["loss"] == pytest.approx(ddp[step]["loss"], abs=1e-4), step
 
 
-@pytest.mark.parametrize("preset", ["zero1", "zero2"])
-def test_stages_1_and_2_train_like_ddp(preset: str, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path], ddp_run: Path) -> None:
-    out = tmp_path / preset
-    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", preset, "--set", "checkpoint.every=0"))
+def test_zero3_rank_holds_a_1_over_n_share_of_model_state(zero3_run: Path) -> None:
+    """Counted from DeepSpeed's buffers: 4 psi/N of parameters and of gradients, 12 psi/N of
+    fp32 master partition and Adam moments."""
+    summary = json.loads((zero3_run / "run.json").read_text())
+    psi, n = summary["model_parameters"], summary["world_size"]
+    for rank in summary["per_rank"]:
+        held = rank["model_state_bytes"]
+        assert held["params"] == pytest.approx(4 * psi / n, rel=0.05), rank
+        assert held["grads"] == pytest.approx(4 * psi / n, rel=0.05), rank
+        assert held["optimizer"] == pytest.approx(12 * psi / n, rel=0.05), rank
+
+
+def _auto_ds_json(path: Path, stage: int) -> Path:
+    path.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto", "train_batch_size": "auto", "bf16": {"enabled": "auto"},
+        "zero_optimization": {"stage": stage, "contiguous_gradients": True},
+    }))  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("how", ["zero1", "ds-json-stage2"])
+def test_stages_1_and_2_train_like_ddp(how: str, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path], ddp_run: Path) -> None:
+    """Stage 1 from its preset; stage 2 from a DeepSpeed JSON whose "auto" values the job fills."""
+    out = tmp_path / how
+    if how == "zero1":
+        strategy, stage = ["--strategy", "zero1"], 1
+    else:
+        strategy, stage = ["--strategy", "deepspeed", "--set", f"strategy.config_file={_auto_ds_json(tmp_path / 'ds.json', 2)}"], 2
+    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, *strategy, "--set", "checkpoint.every=0"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((out / "run.json").read_text())
-    assert summary["distributed_type"] == "DistributedType.DEEPSPEED" and summary["zero_stage"] == int(preset[-1])
+    assert summary["distributed_type"] == "DistributedType.DEEPSPEED" and summary["zero_stage"] == stage
     got, ddp = read_metrics(out), read_metrics(ddp_run)
     for step in range(1, 11):
         assert got[step]["loss"] == pytest.approx(ddp[step]["loss"], abs=1e-4), step

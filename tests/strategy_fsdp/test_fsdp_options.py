@@ -91,7 +91,7 @@ def test_registry_names_of_the_fsdp_plugin() -> None:
 
     assert {"fsdp", "fsdp1", "fsdp2", "fsdp-offload", "fully-sharded"} <= set(plugins.strategies().names())
     assert plugins.wrap_policies().names() == ["none", "size", "transformer"]
-    assert {"fsdp-sharded", "fsdp-full"} <= set(plugins.checkpoint_formats().names())
+    assert {"dcp", "fsdp-full"} <= set(plugins.checkpoint_formats().names())
 
 
 @pytest.mark.parametrize(

@@ -73,8 +73,8 @@ def test_fsdp2_stop_and_resume_gives_the_same_losses(fsdp2_run: Path, tmp_path: 
     for step in range(11, 21):
         assert again[step]["loss"] == pytest.approx(full[step]["loss"], abs=1e-6), step
     manifest = json.loads((fsdp2_run / "checkpoints" / "step-000010" / "manifest.json").read_text())
-    assert manifest["format"] == "fsdp-sharded"
-    assert any(name.startswith("dcp/") and name.endswith(".distcp") for name in manifest["files"])
+    assert manifest["format"] == "dcp"
+    assert any(name.startswith("state/") and name.endswith(".safetensors") for name in manifest["files"])
 
 
 def test_fsdp1_full_state_checkpoint_resumes(fsdp1_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:

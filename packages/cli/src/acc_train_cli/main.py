@@ -267,6 +267,68 @@ def plugins() -> None:
     click.echo(json.dumps(out, indent=2))
 
 
+@cli.group()
+def checkpoint() -> None:
+    """Inspect, convert and export checkpoints (PATH: a checkpoint or a run's output directory)."""
+
+
+@checkpoint.command("inspect")
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@_user_errors
+def checkpoint_inspect(path: str, as_json: bool) -> None:
+    """What a checkpoint's manifest says, and whether its files match it (exit 2 if not)."""
+    from acc_train.checkpoint_tools import inspect_checkpoint
+
+    info = inspect_checkpoint(path)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    model = info.get("model") or {}
+    options = ", ".join(f"{k}={v}" for k, v in (info.get("strategy_options") or {}).items() if v is not None)
+    rows = [
+        ("checkpoint", info["path"]),
+        ("format", f"{info['format']}" + (" (portable state: resumes under any strategy and world size)" if info["portable"] else "")),
+        ("strategy", f"{info['strategy']}" + (f" ({options})" if options else "")),
+        ("world size", str(info["world_size"])),
+        ("step", f"{info['step']} (epoch {info['epoch']}, {info['samples_in_epoch']} samples into it)"),
+        ("model", f"{model.get('model_type')} (config sha256 {str(model.get('config_sha256'))[:16]})"),
+        ("data", ", ".join(f"{k}={v}" for k, v in (info.get("data") or {}).items())),
+        ("versions", ", ".join(f"{k} {v}" for k, v in (info.get("versions") or {}).items())),
+        ("files", f"{info['files']} files, {info['bytes'] / 2**20:.2f} MiB, all match the manifest (size and sha256)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key.ljust(width)}  {value}")
+
+
+@checkpoint.command("convert")
+@click.argument("path")
+@click.option("--to", "to", required=True, metavar="FORMAT", help="Target format: dcp or deepspeed.")
+@click.option("--world-size", type=int, metavar="N", help="World size the converted checkpoint is for (default: the writer's).")
+@click.argument("out")
+@_user_errors
+def checkpoint_convert(path: str, to: str, world_size: int | None, out: str) -> None:
+    """Write PATH's state as a checkpoint in another format, at OUT (a new directory)."""
+    from acc_train.checkpoint_tools import convert_checkpoint
+
+    target = convert_checkpoint(path, to, out, world_size)
+    click.echo(f"converted -> {target} (format {to}; resume it with --resume {target})")
+
+
+@checkpoint.command("export")
+@click.argument("path")
+@click.option("--to", "to", required=True, metavar="FORMAT", help="Export format: hf (a save_pretrained directory).")
+@click.argument("out")
+@_user_errors
+def checkpoint_export(path: str, to: str, out: str) -> None:
+    """Write PATH's model as a transformers save_pretrained directory (safetensors) at OUT."""
+    from acc_train.checkpoint_tools import export_checkpoint
+
+    target = export_checkpoint(path, to, out)
+    click.echo(f"exported -> {target} (AutoModelForCausalLM.from_pretrained loads it)")
+
+
 @cli.command()
 def env() -> None:
     """Print versions and devices, for bug reports."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from acc_train.checkpoint import CheckpointFormat, FullStateFormat
+from acc_train.checkpoint import CheckpointFormat, DCPFormat
 from acc_train.hookspecs import hookimpl
 
 
 @hookimpl
 def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat], None]) -> None:
-    register(FullStateFormat())
+    register(DCPFormat())

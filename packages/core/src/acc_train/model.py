@@ -59,7 +59,8 @@ def check_model_path(cfg: ModelConfig) -> None:
             )
 
 
-def build_model(config: JobConfig) -> Any:
+def model_config(config: JobConfig) -> Any:
+    """The job's model config (a transformers ``PretrainedConfig``), without building the model."""
     import transformers
 
     mcfg = config.model
@@ -70,7 +71,23 @@ def build_model(config: JobConfig) -> Any:
             raise UserError(f"invalid demo model config: {exc}", where="model.config") from None
         if llama.vocab_size < 256 and not config.model.tokenizer:
             raise UserError("the demo model reads bytes: vocab_size must be at least 256", where="model.config.vocab_size")
-        return transformers.LlamaForCausalLM(llama)
+        return llama
+    try:
+        return transformers.AutoConfig.from_pretrained(mcfg.name_or_path, trust_remote_code=mcfg.trust_remote_code)
+    except OSError as exc:
+        raise UserError(
+            f"cannot load the config of model {mcfg.name_or_path!r}: {exc}".splitlines()[0],
+            where="model.name_or_path",
+            hint="use a local save_pretrained directory, or a hub id with network access",
+        ) from None
+
+
+def build_model(config: JobConfig) -> Any:
+    import transformers
+
+    mcfg = config.model
+    if mcfg.name_or_path is None:
+        return transformers.LlamaForCausalLM(model_config(config))
     try:
         return transformers.AutoModelForCausalLM.from_pretrained(mcfg.name_or_path, trust_remote_code=mcfg.trust_remote_code)
     except OSError as exc:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from acc_train.config import JobConfig
+    from acc_train.model_state import ModelStateMeter
 
 __all__ = ["Strategy", "StrategyOptions", "WrapPolicy", "Machine"]
 
@@ -69,7 +70,7 @@ class Strategy(ABC):
     #: The pydantic model validating the ``strategy:`` section (less ``name``).
     options_schema: ClassVar[type[StrategyOptions]] = StrategyOptions
     #: The registered checkpoint format this strategy saves with.
-    checkpoint_format: ClassVar[str] = "full-state"
+    checkpoint_format: ClassVar[str] = "dcp"
 
     def parse_options(self, raw: dict[str, Any]) -> StrategyOptions:
         """Validate the ``strategy:`` section. Raises pydantic's ValidationError; the caller
@@ -112,10 +113,13 @@ class Strategy(ABC):
                 local, total = local + p.numel(), total + p.numel()
         return local, total
 
-    def counts_model_state_bytes(self) -> bool:
-        """Whether run.json's per-rank ``model_state_bytes`` (counted from the torch optimizer's
-        parameters, gradients and state) is meaningful under this strategy."""
-        return True
+    def model_state_meter(self, accelerator: Accelerator, model: Any, optimizer: Any) -> ModelStateMeter | None:
+        """What counts this rank's parameter, gradient and optimizer-state bytes for run.json's
+        ``model_state_bytes``, or None where they cannot be counted. Called once, after
+        ``prepare``. The default reads the torch optimizer's parameters, gradients and state."""
+        from acc_train.model_state import TorchOptimizerMeter
+
+        return TorchOptimizerMeter(optimizer)
 
     def checkpoint_format_for(self, options: StrategyOptions) -> str:
         """The registered checkpoint format to save with, given the options."""

@@ -12,7 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from acc_train.checkpoint import CheckpointManager, TrainerState, find_checkpoint
+from acc_train.checkpoint import (
+    CheckpointManager,
+    TrainerState,
+    check_same_model,
+    fault_point,
+    find_checkpoint,
+    model_fingerprint,
+    verify_checkpoint,
+)
 from acc_train.config import ResolvedJob
 from acc_train.errors import UserError
 from acc_train.plugins import call_lifecycle, checkpoint_formats, register_temporarily
@@ -48,36 +56,17 @@ def prepare_output_dir(job: ResolvedJob) -> Path:
         for name in existing:
             target = out / name
             shutil.rmtree(target) if target.is_dir() else target.unlink()
-    if cfg.resume:
-        find_checkpoint(out, cfg.resume)  # fail before launch on a bad --resume
+    if cfg.resume:  # fail before launch, and before writing anything, on a bad --resume
+        path = find_checkpoint(out, cfg.resume)
+        if path is not None:
+            from acc_train.model import model_config
+
+            check_same_model(verify_checkpoint(path), model_fingerprint(model_config(cfg)), path)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "config.yaml.tmp"
     tmp.write_text(job.to_yaml())
     os.replace(tmp, out / "config.yaml")
     return out
-
-
-def _local_nbytes(tensor: Any) -> int:
-    if tensor is None:
-        return 0
-    if hasattr(tensor, "to_local"):  # DTensor: count this rank's shard
-        tensor = tensor.to_local()
-    return tensor.numel() * tensor.element_size()
-
-
-def _optimizer_params(optimizer: Any) -> list[Any]:
-    torch_opt = getattr(optimizer, "optimizer", optimizer)
-    return [p for group in torch_opt.param_groups for p in group["params"]]
-
-
-def _model_state_bytes(optimizer: Any) -> dict[str, int]:
-    """Bytes of parameters and optimizer state this rank holds (what sharding divides)."""
-    import torch
-
-    torch_opt = getattr(optimizer, "optimizer", optimizer)
-    params = _optimizer_params(optimizer)
-    state = sum(_local_nbytes(v) for p in params for v in torch_opt.state.get(p, {}).values() if isinstance(v, torch.Tensor))
-    return {"params": sum(_local_nbytes(p) for p in params), "optimizer": state}
 
 
 def _peak_memory_bytes(device_type: str) -> int:
@@ -140,6 +129,8 @@ def train(job: ResolvedJob) -> dict[str, Any]:
     with accelerator.main_process_first():
         train_blocks, eval_blocks = load_blocks(cfg.data, tokenizer)
     model = build_model(cfg)
+    fingerprint = model_fingerprint(model.config)
+    model_config = json.loads(model.config.to_json_string(use_diff=False))  # before prepare wraps the model
     top = max(int(b.max().item()) for b in (train_blocks, eval_blocks) if b is not None)
     if top >= model.config.vocab_size:
         raise UserError(
@@ -177,11 +168,11 @@ def train(job: ResolvedJob) -> dict[str, Any]:
         out,
         fmt,
         cfg.checkpoint.keep_last,
-        {"strategy": job.config.strategy["name"], "strategy_options": job.options.model_dump(mode="json")},
+        {"strategy": job.config.strategy["name"], "strategy_options": job.options.model_dump(mode="json"), "model": fingerprint},
+        # the data order is a function of these alone: processes, micro-batch size and
+        # accumulation may change on resume as long as their product does not
         data_signature={
-            "world_size": world,
-            "micro_batch_size": mbs,
-            "gradient_accumulation_steps": gas,
+            "global_batch": world * mbs * gas,
             "seed": t_cfg.seed,
             "shuffle": cfg.data.shuffle,
             "seq_len": cfg.data.seq_len,
@@ -189,6 +180,8 @@ def train(job: ResolvedJob) -> dict[str, Any]:
             "model": cfg.model.name_or_path or "demo",
             "train_blocks": len(train_blocks),
         },
+        seed=t_cfg.seed,
+        model_config=model_config,
     )
     state = TrainerState()
     resumed_from = None
@@ -196,6 +189,7 @@ def train(job: ResolvedJob) -> dict[str, Any]:
         path = find_checkpoint(out, cfg.resume)
         if path is not None:
             state = manager.load(path, model, optimizer, scheduler)
+            state.batches_in_epoch = state.samples_in_epoch // (world * mbs)  # in this run's micro-batches
             resumed_from = str(path)
             if state.step >= max_steps:
                 raise UserError(
@@ -205,6 +199,7 @@ def train(job: ResolvedJob) -> dict[str, Any]:
                 )
 
     run = RunContext(job=job, accelerator=accelerator, output_dir=out, max_steps=max_steps, step=state.step, model=model, optimizer=optimizer)
+    run.extras["model_state_meter"] = job.strategy.model_state_meter(accelerator, model, optimizer)
     reporter = RunReporter(out / "metrics.jsonl", state.step)
     unregister = register_temporarily(reporter, f"reporter-{id(reporter)}")
     try:
@@ -282,7 +277,7 @@ def _loop(
     step_times: list[float] = []
     loss_sum = torch.zeros((), device=accelerator.device)
     grad_norm: Any = None
-    grad_bytes: int | None = None
+    meter = run.extras["model_state_meter"]
     last_loss = best_loss = eval_loss = None
     saved: list[str] = []
     model.train()
@@ -296,11 +291,12 @@ def _loop(
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:  # without clipping, the norm is still measured
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm or math.inf)
-                    if grad_bytes is None:  # once: the gradient memory this rank holds at a step
-                        grad_bytes = sum(_local_nbytes(p.grad) for p in _optimizer_params(optimizer))
+                    if meter is not None:
+                        meter.at_gradient_sync()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             state.batches_in_epoch += 1
+            state.samples_in_epoch += world * t_cfg.micro_batch_size
             loss_sum += loss.detach().float()
             if not accelerator.sync_gradients:
                 continue
@@ -312,7 +308,8 @@ def _loop(
             state.tokens += tokens_per_step
             if state.batches_in_epoch >= batches_per_epoch:
                 state.epoch += 1
-                state.batches_in_epoch = 0
+                state.batches_in_epoch = state.samples_in_epoch = 0
+            fault_point("train-step", state.step)
             now = time.perf_counter()
             if state.step - start_step > WARMUP_STEPS:
                 step_times.append(now - t_prev)
@@ -346,7 +343,6 @@ def _loop(
             if last:
                 break
     elapsed_run = time.perf_counter() - t_start
-    run.extras["grad_bytes"] = grad_bytes or 0
     return _summary(run, job, state, model, start_step, elapsed_run, step_times, last_loss, best_loss, eval_loss, saved)
 
 
@@ -373,11 +369,7 @@ def _summary(
         "param_elements": local_elements,
         "peak_memory_bytes": _peak_memory_bytes(machine.device_type),
         "param_checksum": _param_checksum(model),
-        "model_state_bytes": (
-            {**_model_state_bytes(run.optimizer), "grads": run.extras.get("grad_bytes", 0)}
-            if job.strategy.counts_model_state_bytes()
-            else None
-        ),
+        "model_state_bytes": meter.result() if (meter := run.extras["model_state_meter"]) is not None else None,
     }
     per_rank = sorted(gather_object([mine]), key=lambda r: r["rank"])
     tokens_run = (state.step - start_step) * job.config.training.micro_batch_size * job.config.data.seq_len * job.config.training.gradient_accumulation_steps * accelerator.num_processes

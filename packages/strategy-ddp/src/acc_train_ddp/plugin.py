@@ -35,7 +35,7 @@ class DDPStrategy(Strategy):
     aliases = ("data-parallel",)
     description = "PyTorch DistributedDataParallel: full replica per rank, all-reduced gradients"
     options_schema = DDPOptions
-    checkpoint_format = "full-state"
+    checkpoint_format = "dcp"
 
     def check_environment(self, options: StrategyOptions, machine: Machine) -> None:
         assert isinstance(options, DDPOptions)

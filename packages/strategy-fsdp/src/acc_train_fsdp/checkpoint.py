@@ -1,10 +1,9 @@
-"""FSDP checkpoint formats, on torch.distributed.checkpoint's state-dict API.
+"""FSDP's full checkpoint format, on torch.distributed.checkpoint's state-dict API.
 
-- ``fsdp-sharded``: every rank writes its own shards with ``torch.distributed.checkpoint``
-  (DCP). Fast and memory-light; DCP can reshard on load. DCP's ``.metadata`` file is a pickle
-  written by torch; it is read by torch's own DCP loader, never by ``torch.load``.
-- ``fsdp-full``: the whole model and optimizer state gathered to rank 0 and written as
-  safetensors + JSON, like core's ``full-state`` but with parameter names as keys.
+Sharded checkpoints (the default, ``state_dict_type: sharded``) use core's ``dcp`` format: every
+rank writes its own shards as safetensors, and a load reshards them. ``fsdp-full`` gathers the
+whole model and optimizer state to rank 0 and writes it as safetensors + JSON, with parameter
+names as keys.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acc_train.checkpoint import CheckpointFormat, flatten_optimizer_state, unflatten_optimizer_state
+from acc_train.checkpoint import CheckpointFormat, flatten_optimizer_state, load_portable_into, unflatten_optimizer_state
 
-__all__ = ["ShardedFormat", "FullFormat"]
+__all__ = ["FullFormat"]
 
 
 def gather_full(state: dict[str, Any], keep: bool) -> dict[str, Any]:
@@ -48,28 +47,6 @@ def _torch_optimizer(optimizer: Any) -> Any:
     return getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds the torch one
 
 
-class ShardedFormat(CheckpointFormat):
-    name = "fsdp-sharded"
-    description = "per-rank shards through torch.distributed.checkpoint (DCP)"
-
-    def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        msd, osd = get_state_dict(model, _torch_optimizer(optimizer))
-        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(directory / "dcp"))
-
-    def load(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        optim = _torch_optimizer(optimizer)
-        msd, osd = get_state_dict(model, optim)
-        state = {"model": msd, "optimizer": osd}
-        dcp.load(state, checkpoint_id=str(directory / "dcp"))
-        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-
-
 class FullFormat(CheckpointFormat):
     name = "fsdp-full"
     description = "whole model + optimizer gathered to rank 0, as safetensors + JSON"
@@ -99,3 +76,7 @@ class FullFormat(CheckpointFormat):
         msd = load_file(str(directory / "model.safetensors"))
         osd = unflatten_optimizer_state(load_file(str(directory / "optimizer.safetensors")), json.loads((directory / "optimizer.json").read_text()))
         set_state_dict(model, _torch_optimizer(optimizer), model_state_dict=msd, optim_state_dict=osd, options=StateDictOptions(full_state_dict=True))
+
+    def load_portable(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
+        """From another strategy's portable state (its own checkpoints are not portable)."""
+        load_portable_into(model, optimizer, directory)

@@ -9,7 +9,7 @@ from typing import Any
 from acc_train import Strategy, WrapPolicy, hookimpl
 from acc_train.checkpoint import CheckpointFormat
 from acc_train_fsdp.accelerate_config import strategy_from_accelerate_config
-from acc_train_fsdp.checkpoint import FullFormat, ShardedFormat
+from acc_train_fsdp.checkpoint import FullFormat
 from acc_train_fsdp.policies import NoWrapPolicy, SizePolicy, TransformerLayerPolicy
 from acc_train_fsdp.strategy import FSDPStrategy
 
@@ -28,7 +28,6 @@ def acc_train_register_wrap_policies(register: Callable[[WrapPolicy], None]) -> 
 
 @hookimpl
 def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat], None]) -> None:
-    register(ShardedFormat())
     register(FullFormat())
 
 

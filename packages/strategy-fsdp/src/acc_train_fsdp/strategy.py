@@ -32,11 +32,13 @@ class FSDPStrategy(Strategy):
     }
     description = "PyTorch FSDP (v2 by default): parameters, gradients and optimizer state sharded across ranks"
     options_schema = FSDPOptions
-    checkpoint_format = "fsdp-sharded"
+    checkpoint_format = "dcp"
 
     def checkpoint_format_for(self, options: StrategyOptions) -> str:
+        """Sharded: core's ``dcp`` (each rank writes its shards; portable across strategies and
+        world sizes). Full: gathered to rank 0."""
         assert isinstance(options, FSDPOptions)
-        return "fsdp-sharded" if options.state_dict_type == "sharded" else "fsdp-full"
+        return "dcp" if options.state_dict_type == "sharded" else "fsdp-full"
 
     def equivalent_to_ddp(self, options: StrategyOptions) -> bool:
         assert isinstance(options, FSDPOptions)

@@ -1,0 +1,182 @@
+"""``acc-train checkpoint inspect | convert | export``: checkpoints as things of their own.
+
+Everything here runs in one process, without a process group: a checkpoint's portable state
+(DCP safetensors shards keyed by parameter name) is assembled whole with
+:func:`acc_train.checkpoint.read_portable_full`. Nothing is written until the input has been
+checked against its manifest, and outputs appear atomically (written beside, then renamed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from acc_train.checkpoint import (
+    LATEST,
+    MANIFEST,
+    PORTABLE_DIR,
+    _sha256,
+    _write_json,
+    read_portable_full,
+    verify_checkpoint,
+)
+from acc_train.errors import UserError
+
+__all__ = ["resolve_checkpoint", "inspect_checkpoint", "convert_checkpoint", "export_checkpoint", "CONVERT_TARGETS"]
+
+#: formats ``convert`` writes: each is made of the portable state alone, which the format's
+#: strategy resumes from under any world size
+CONVERT_TARGETS = ("dcp", "deepspeed")
+
+
+def resolve_checkpoint(path: str) -> Path:
+    """A checkpoint directory, or an output directory (its latest complete checkpoint)."""
+    p = Path(path)
+    pointer = p / "checkpoints" / LATEST
+    if pointer.is_file():
+        return p / "checkpoints" / pointer.read_text().strip()
+    if not p.exists():
+        raise UserError(f"{path!r} does not exist", where="PATH", hint="pass a checkpoint directory or a run's output directory")
+    return p
+
+
+def inspect_checkpoint(path: str) -> dict[str, Any]:
+    """What the manifest says, and whether the files match it (raises UserError if not)."""
+    ckpt = resolve_checkpoint(path)
+    manifest = verify_checkpoint(ckpt)
+    files = manifest["files"]
+    return {
+        "path": str(ckpt),
+        "format": manifest.get("format"),
+        "portable": manifest.get("portable"),
+        "strategy": manifest.get("strategy"),
+        "strategy_options": manifest.get("strategy_options"),
+        "world_size": manifest.get("world_size"),
+        "step": manifest.get("step"),
+        "epoch": manifest.get("epoch"),
+        "samples_in_epoch": manifest.get("samples_in_epoch"),
+        "model": manifest.get("model"),
+        "data": manifest.get("data"),
+        "versions": manifest.get("versions"),
+        "files": len(files),
+        "bytes": sum(f["size"] for f in files.values()),
+        "verified": True,
+    }
+
+
+def _new_output(out: str) -> tuple[Path, Path]:
+    target = Path(out)
+    if target.exists():
+        raise UserError(f"{out!r} already exists", where="OUT", hint="name a new directory; nothing is overwritten")
+    staging = target.with_name(f".{target.name}.tmp")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return target, staging
+
+
+def _portable_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    if manifest.get("portable"):
+        return read_portable_full(ckpt)
+    if manifest.get("format") == "fsdp-full":  # gathered safetensors keyed by name
+        from safetensors.torch import load_file
+
+        flat = {f"model.{k}": v for k, v in load_file(str(ckpt / "model.safetensors")).items()}
+        for key, tensor in load_file(str(ckpt / "optimizer.safetensors")).items():
+            _, fqn, name = key.split("/")  # state/<fqn>/<name>
+            flat[f"optim.state.{fqn}.{name}"] = tensor
+        return flat
+    raise UserError(
+        f"checkpoint format {manifest.get('format')!r} has no portable state to convert",
+        where=str(ckpt),
+        hint="resume it under the strategy that wrote it, and save again with this version of acc-train",
+    )
+
+
+def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = None) -> Path:
+    """Write ``path`` as a checkpoint in format ``to`` at ``out``: the portable state (resharded
+    by DCP when it is loaded, so valid for any world size), trainer state and RNG states."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    if to not in CONVERT_TARGETS:
+        raise UserError(f"cannot convert to {to!r}", where="--to", hint=f"choose one of: {', '.join(CONVERT_TARGETS)}")
+    if world_size is not None and world_size < 1:
+        raise UserError(f"--world-size must be at least 1 (got {world_size})", where="--world-size")
+    ckpt = resolve_checkpoint(path)
+    manifest = verify_checkpoint(ckpt)
+    flat = _portable_state(ckpt, manifest)
+    target, staging = _new_output(out)
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(flat, storage_writer=HuggingFaceStorageWriter(str(staging / PORTABLE_DIR)), no_dist=True)
+        writer_world = int(manifest.get("world_size") or 1)
+        new_world = world_size or writer_world
+        for name in manifest["files"]:
+            if name == "trainer_state.json" or name == "model_config.json":
+                shutil.copy2(ckpt / name, staging / name)
+            elif name.startswith("rng-rank") and int(name[8:13]) < new_world:
+                shutil.copy2(ckpt / name, staging / name)
+        files = {str(p.relative_to(staging)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staging.rglob("*")) if p.is_file()}
+        converted = {
+            **{k: v for k, v in manifest.items() if k != "files"},
+            "format": to,
+            "portable": PORTABLE_DIR,
+            "world_size": new_world,
+            "converted_from": {"path": str(ckpt), "format": manifest.get("format"), "world_size": writer_world},
+            "files": files,
+        }
+        _write_json(staging / MANIFEST, converted)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def export_checkpoint(path: str, to: str, out: str) -> Path:
+    """Write the checkpoint's model as a ``save_pretrained`` directory (safetensors) that
+    ``transformers`` loads."""
+    if to != "hf":
+        raise UserError(f"cannot export to {to!r}", where="--to", hint="choose: hf")
+    ckpt = resolve_checkpoint(path)
+    manifest = verify_checkpoint(ckpt)
+    if not (ckpt / "model_config.json").is_file():
+        raise UserError("the checkpoint has no model_config.json", where=str(ckpt), hint="export the run's final/ directory instead")
+    flat = _portable_state(ckpt, manifest)
+    weights = {k.removeprefix("model."): v for k, v in flat.items() if k.startswith("model.")}
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    raw = json.loads((ckpt / "model_config.json").read_text())
+    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [m for m in missing if m not in tied]
+    if missing or unexpected:
+        raise UserError(
+            f"the checkpoint's weights do not fit its model config (missing {missing[:3]}, unexpected {unexpected[:3]})",
+            where=str(ckpt),
+        )
+    if tied:
+        model.tie_weights()
+    target, staging = _new_output(out)
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target

@@ -1,0 +1,59 @@
+"""Counting the model state a rank holds: parameters, gradients and optimizer state, in bytes.
+
+This is what sharding divides (the ZeRO paper's "model states"), counted from the tensors
+themselves rather than from a formula, so ``run.json`` and ``bench/bench_memory.py`` can hold
+each strategy to its formula. A strategy whose library keeps state outside the torch optimizer
+(DeepSpeed's flat partitions) supplies its own :class:`ModelStateMeter`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ModelStateMeter", "TorchOptimizerMeter", "local_nbytes"]
+
+
+def local_nbytes(tensor: Any) -> int:
+    """Bytes of ``tensor`` stored on this rank (a DTensor's local shard)."""
+    if tensor is None:
+        return 0
+    if hasattr(tensor, "to_local"):  # DTensor: count this rank's shard
+        tensor = tensor.to_local()
+    return tensor.numel() * tensor.element_size()
+
+
+class ModelStateMeter:
+    """Measures one rank's model state. The loop calls :meth:`at_gradient_sync` after each
+    backward pass that synchronised gradients (before the optimizer steps, where the strategy
+    lets it) and :meth:`result` once at the end of training."""
+
+    def at_gradient_sync(self) -> None:
+        """Record what needs recording while gradients exist (they are freed after the step)."""
+
+    def result(self) -> dict[str, int]:
+        """``{"params": ..., "grads": ..., "optimizer": ...}`` in bytes held by this rank."""
+        raise NotImplementedError
+
+
+class TorchOptimizerMeter(ModelStateMeter):
+    """For strategies whose state lives in the torch optimizer's parameters and state (DDP,
+    FSDP1's flat parameters, FSDP2's DTensors)."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.torch_optimizer = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper
+        self.grads: int | None = None
+
+    def _params(self) -> list[Any]:
+        return [p for group in self.torch_optimizer.param_groups for p in group["params"]]
+
+    def at_gradient_sync(self) -> None:
+        if self.grads is None:  # once: the gradient memory held at a step
+            self.grads = sum(local_nbytes(p.grad) for p in self._params())
+
+    def result(self) -> dict[str, int]:
+        import torch
+
+        params = self._params()
+        state = self.torch_optimizer.state
+        optimizer = sum(local_nbytes(v) for p in params for v in state.get(p, {}).values() if isinstance(v, torch.Tensor))
+        return {"params": sum(local_nbytes(p) for p in params), "grads": self.grads or 0, "optimizer": optimizer}

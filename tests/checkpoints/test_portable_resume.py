@@ -1,0 +1,102 @@
+"""Checkpoints outlive strategies: a run saved under one strategy and world size resumes
+under another, with its optimizer state, and continues as an uninterrupted run under the new
+setting would have (2 CPU processes over gloo, the tiniest model, dropout off so that runs on
+different world sizes draw no random numbers that could differ)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_metrics, reference_args, run_cli
+
+pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("portable")]
+
+#: each writer: 20 steps, checkpoints at 10 and 20; the global batch is 8 sequences everywhere
+SETTINGS = {
+    "zero3-2": ("--strategy", "zero3"),
+    "zero2-2": ("--strategy", "zero2"),
+    "fsdp2-2": ("--strategy", "fsdp"),
+    "ddp-2": ("--strategy", "ddp"),
+    "ddp-1": ("--strategy", "ddp", "--num-processes", "1", "--micro-batch-size", "8"),
+}
+
+
+@pytest.fixture(scope="module")
+def no_dropout_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-model-no-dropout") / "model"
+    shutil.copytree(tiny_model_dir, path)
+    config = json.loads((path / "config.json").read_text())
+    config["attention_dropout"] = 0.0
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """Uninterrupted runs, made on first use and shared by the module's tests."""
+    made: dict[str, Path] = {}
+
+    def get(setting: str) -> Path:
+        if setting not in made:
+            out = tmp_path_factory.mktemp(setting) / "run"
+            proc = run_cli(*reference_args(no_dropout_model, tiny_data, out, *SETTINGS[setting]))
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            made[setting] = out
+        return made[setting]
+
+    return get
+
+
+def _portable_tensors(checkpoint: Path) -> dict:
+    from acc_train.checkpoint import read_portable_full
+
+    return read_portable_full(checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("writer", "reader"),
+    [("zero3-2", "fsdp2-2"), ("zero3-2", "ddp-1"), ("fsdp2-2", "zero2-2"), ("ddp-2", "fsdp2-2")],
+)
+def test_resume_under_another_strategy_or_world_size_continues_its_run(
+    writer: str, reader: str, runs, no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path: Path
+) -> None:
+    import torch
+
+    saved = runs(writer) / "checkpoints" / "step-000010"
+    out = tmp_path / "resumed"
+    proc = run_cli(*reference_args(no_dropout_model, tiny_data, out, *SETTINGS[reader], "--resume", str(saved)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((out / "run.json").read_text())
+    assert summary["start_step"] == 10 and summary["resumed_from"] == str(saved)
+
+    uninterrupted = runs(reader)
+    again, full = read_metrics(out), read_metrics(uninterrupted)
+    assert sorted(again) == list(range(11, 21))
+    for step in range(11, 21):
+        assert again[step]["loss"] == pytest.approx(full[step]["loss"], abs=1e-4), (writer, reader, step)
+        assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-6), step
+
+    # the optimizer state was carried, not started afresh: Adam's step count and moments at step
+    # 20 are those of the uninterrupted run (restarted moments would hold only 10 steps' worth)
+    mine = _portable_tensors(out / "checkpoints" / "step-000020")
+    theirs = _portable_tensors(uninterrupted / "checkpoints" / "step-000020")
+    moments = [k for k in theirs if k.startswith("optim.state.") and k.endswith(".exp_avg_sq")]
+    assert moments and set(moments) <= set(mine)
+    for key in moments:
+        torch.testing.assert_close(mine[key], theirs[key], rtol=2e-3, atol=1e-9)
+        assert float(mine[key.removesuffix("exp_avg_sq") + "step"]) == 20.0
+    for key in (k for k in theirs if k.startswith("model.")):
+        torch.testing.assert_close(mine[key], theirs[key], rtol=1e-3, atol=1e-5)
+
+
+def test_a_resume_that_changes_the_global_batch_is_refused(runs, no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    saved = runs("zero3-2") / "checkpoints" / "step-000010"
+    out = tmp_path / "resumed"
+    proc = run_cli(*reference_args(no_dropout_model, tiny_data, out, "--strategy", "ddp", "--num-processes", "1", "--resume", str(saved)))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "global_batch: checkpoint 8, this run 4" in proc.stderr
+    assert "Traceback" not in proc.stderr
