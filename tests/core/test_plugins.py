@@ -47,7 +47,8 @@ def register(plugin: object, name: str) -> None:
     plugins.get_plugin_manager().register(plugin, name=name)
 
 
-def test_registry_holds_exactly_the_names_of_the_workspace_packages() -> None:
+def test_registry_holds_exactly_the_names_of_the_workspace_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(plugins.ENV_BLOCK, "local-sgd")  # the example third-party plugin, installed for the kit
     assert plugins.strategies().names() == [
         "data-parallel", "ddp", "deepspeed", "fsdp", "fsdp-offload", "fsdp1", "fsdp2", "fully-sharded",
         "zero", "zero1", "zero2", "zero2-offload", "zero3", "zero3-offload",
@@ -84,8 +85,10 @@ def test_strategy_options_are_strict() -> None:
 def test_two_plugins_claiming_one_name_is_an_error_naming_both() -> None:
     register(EchoPlugin(), "first-echo")
     register(EchoPlugin(), "second-echo")
+    assert "ddp" in plugins.strategies().names() and "echo" not in plugins.strategies().names()  # the rest keeps working
     with pytest.raises(UserError, match='"echo" is claimed by both plugin "first-echo" and plugin "second-echo"'):
-        plugins.strategies().names()
+        plugins.strategies().get("echo")
+    assert any(f.name == "second-echo" and '"echo" is claimed by both' in f.reason for f in plugins.plugin_failures())
 
 
 def test_a_plugin_whose_registration_raises_is_skipped_and_reported() -> None:
@@ -101,7 +104,7 @@ def test_a_plugin_whose_registration_raises_is_skipped_and_reported() -> None:
 
 
 def test_blocking_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(plugins.ENV_BLOCK, "ddp,fsdp,deepspeed")
+    monkeypatch.setenv(plugins.ENV_BLOCK, "ddp,fsdp,deepspeed,local-sgd")
     assert plugins.strategies().names() == []
     with pytest.raises(UserError, match="pip install acc-train-strategy-ddp"):
         plugins.strategies().get("ddp")

@@ -478,7 +478,7 @@ def is_accelerate_config(data: dict[str, Any]) -> bool:
 def from_accelerate_config(data: dict[str, Any], file: str) -> dict[str, Any]:
     """An ``accelerate config`` YAML as an acc-train config. Core maps the top level; the
     strategy plugin that answers ``acc_train_accelerate_config`` maps its own section."""
-    from acc_train.plugins import get_plugin_manager
+    from acc_train.plugins import accelerate_config_section
 
     for key in data:
         if key not in ACCELERATE_PASSIVE_KEYS | ACCELERATE_MAPPED_KEYS:
@@ -510,7 +510,7 @@ def from_accelerate_config(data: dict[str, Any], file: str) -> dict[str, Any]:
     if kind in DATA_PARALLEL_TYPES:
         out["strategy"] = {"name": "ddp"}
         return out
-    section = get_plugin_manager().hook.acc_train_accelerate_config(distributed_type=kind, config=data)
+    section = accelerate_config_section(kind, data)
     if section is None:
         from acc_train.plugins import KNOWN_STRATEGY_PACKAGES, strategies
 

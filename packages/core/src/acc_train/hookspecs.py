@@ -3,6 +3,7 @@
 Plugins implement these with ``@acc_train.hookimpl``. Registration hooks hand the plugin a
 ``register`` callback; lifecycle hooks let a plugin observe a run without touching the loop.
 Lifecycle hooks are called on every rank; check ``run.is_main_process`` to act once.
+``docs/hooks.md`` shows each hook with an example (a test keeps its signatures equal to these).
 """
 
 from __future__ import annotations

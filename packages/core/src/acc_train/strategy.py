@@ -125,6 +125,12 @@ class Strategy(ABC):
         """The registered checkpoint format to save with, given the options."""
         return self.checkpoint_format
 
+    def equivalent_to_ddp(self, options: StrategyOptions) -> bool:
+        """Whether, with ``options`` and fp32, this strategy computes DDP's updates (sharding
+        changes where state lives, not the arithmetic). The conformance kit
+        (``acc_train.testing``) then checks that its losses match DDP's."""
+        return False
+
     def expected_distributed_types(self, machine: Machine) -> set[str]:
         """Names of Accelerate ``DistributedType`` members this strategy accepts on ``machine``.
         If Accelerate picks another one, the run stops with an error instead of training

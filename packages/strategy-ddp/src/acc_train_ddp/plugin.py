@@ -46,6 +46,10 @@ class DDPStrategy(Strategy):
                 hint="use comm_hook: bf16 or none on CPU",
             )
 
+    def equivalent_to_ddp(self, options: StrategyOptions) -> bool:
+        assert isinstance(options, DDPOptions)
+        return options.comm_hook == "none"  # compression changes the all-reduced gradients
+
     def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
         from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 

@@ -97,6 +97,10 @@ class DeepSpeedStrategy(Strategy):
     options_schema = DeepSpeedOptions
     checkpoint_format = "deepspeed"
 
+    def equivalent_to_ddp(self, options: StrategyOptions) -> bool:
+        assert isinstance(options, DeepSpeedOptions)
+        return options.config_file is None  # a user's JSON may set its own precision or optimizer
+
     def check_environment(self, options: StrategyOptions, machine: Machine) -> None:
         assert isinstance(options, DeepSpeedOptions)
         if machine.device_type == "cpu" and "cpu" in (options.offload_optimizer, options.offload_param):

@@ -40,6 +40,10 @@ class FSDPStrategy(Strategy):
         assert isinstance(options, FSDPOptions)
         return "dcp" if options.state_dict_type == "sharded" else "fsdp-full"
 
+    def equivalent_to_ddp(self, options: StrategyOptions) -> bool:
+        assert isinstance(options, FSDPOptions)
+        return options.mixed_precision_policy is None  # its own casts change the arithmetic
+
     def check_environment(self, options: StrategyOptions, machine: Machine) -> None:
         assert isinstance(options, FSDPOptions)
         if options.cpu_offload and machine.device_type == "cpu":

@@ -1,0 +1,222 @@
+"""The standard suite: what every acc-train strategy must do, checked the way a user sees it.
+
+Each test takes ``acc_train_strategy_name`` (parametrized by the kit's pytest plugin from the
+``acc_train_strategy`` marker or ``--acc-train-strategy``) and ``acc_train_kit`` (the session's
+:class:`acc_train.testing.KitRuns`). Failures say what the strategy got wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acc_train.testing.runs import KIT_RESUME_STEP, KIT_STEPS, KitRuns
+
+__all__ = ["TestStrategyConformance"]
+
+_PROBE = r"""
+import json, sys
+from acc_train import Strategy, StrategyOptions, plugins
+name = sys.argv[1]
+reg = plugins.strategies()
+out = {"names": reg.names(), "failures": [str(f) for f in plugins.plugin_failures()]}
+if name in out["names"]:
+    s = reg.get(name)
+    out.update(
+        owner=reg.owner(name),
+        is_strategy=isinstance(s, Strategy),
+        primary=s.name,
+        schema_ok=isinstance(s.options_schema, type) and issubclass(s.options_schema, StrategyOptions),
+        infos={i.name: i.distribution for i in plugins.plugin_infos()},
+    )
+out["heavy_imports"] = sorted(m for m in ("torch", "accelerate", "deepspeed", "transformers") if m in sys.modules)
+print(json.dumps(out))
+"""
+
+
+def _metrics(run: Path) -> dict[int, dict[str, Any]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r for r in rows if "loss" in r}
+
+
+def _strategy(name: str) -> tuple[Any, Any]:
+    """The registered strategy and its parsed default options (or preset's), in this process."""
+    from acc_train import plugins
+
+    plugins.reset()  # see the installed plugins, not what another test registered in-process
+    strategy = plugins.strategies().get(name)
+    return strategy, strategy.parse_options(strategy.presets.get(name, {}))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class TestStrategyConformance:
+    """acc-train's conformance suite for one strategy (see :mod:`acc_train.testing`)."""
+
+    def test_registers_and_lists(self, acc_train_strategy_name: str) -> None:
+        name = acc_train_strategy_name
+        probe = subprocess.run([sys.executable, "-c", _PROBE, name], capture_output=True, text=True, timeout=300)
+        assert probe.returncode == 0, f"loading the plugins failed:\n{probe.stderr[-3000:]}"
+        found = json.loads(probe.stdout.strip().splitlines()[-1])
+        assert name in found["names"], (
+            f'strategy "{name}" is not registered; registered: {", ".join(found["names"]) or "none"}. '
+            f"Plugin problems: {found['failures'] or 'none'}. Is the package installed, with an "
+            "[project.entry-points.acc_train] entry and an acc_train_register_strategies hook?"
+        )
+        owner = found["owner"]
+        problems = [f for f in found["failures"] if f'plugin "{owner}"' in f]
+        assert not problems, f'plugin "{owner}" breaks the hook contract: {problems}'
+        assert found["is_strategy"], f'"{name}" was registered, but not as an acc_train.Strategy instance'
+        assert found["schema_ok"], f'"{name}".options_schema must be a subclass of acc_train.StrategyOptions'
+        assert not found["heavy_imports"], (
+            f"loading the plugins imported {found['heavy_imports']}: import heavy libraries inside the "
+            "strategy's methods, so listing strategies and --help stay fast"
+        )
+        listing = subprocess.run(
+            [sys.executable, "-m", "acc_train_cli", "strategies"], capture_output=True, text=True, timeout=300
+        )
+        assert listing.returncode == 0, listing.stderr[-3000:]
+        rows = [line.split()[0] for line in listing.stdout.splitlines()[1:] if line.strip()]
+        assert found["primary"] in rows, f'`acc-train strategies` does not list "{found["primary"]}":\n{listing.stdout}'
+        plugins_json = subprocess.run(
+            [sys.executable, "-m", "acc_train_cli", "plugins"], capture_output=True, text=True, timeout=300
+        )
+        assert plugins_json.returncode == 0, plugins_json.stderr[-3000:]
+        entry = {p["name"]: p for p in json.loads(plugins_json.stdout)["plugins"]}.get(owner)
+        assert entry is not None and found["primary"] in entry["registered"].get("strategies", []), (
+            f'`acc-train plugins` does not show plugin "{owner}" registering "{found["primary"]}"'
+        )
+
+    def test_options_schema_rejects_unknown_keys(self, acc_train_strategy_name: str) -> None:
+        from pydantic import BaseModel
+
+        from acc_train import UserError
+        from acc_train.config import load_job
+
+        name = acc_train_strategy_name
+        strategy, options = _strategy(name)
+        flags = {"strategy.name": (name, "--strategy")}
+        job = load_job(flags=flags)  # its defaults validate
+        assert job.options == options
+        paths = ["strategy.no_such_option_kit"]
+        for field, info in strategy.options_schema.model_fields.items():
+            nested = info.annotation
+            for candidate in (nested, *getattr(nested, "__args__", ())):
+                if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                    paths.append(f"strategy.{field}.no_such_option_kit")
+                    break
+        for path in paths:
+            try:
+                accepted = load_job(flags=flags, sets=[f"{path}=1"])
+            except UserError as exc:
+                assert path in str(exc), f"the error for the unknown key {path} does not name it: {exc}"
+            else:
+                raise AssertionError(
+                    f'the options schema of "{name}" accepted the unknown key {path} '
+                    f"(parsed as {accepted.options!r}); derive it from acc_train.StrategyOptions, "
+                    'which sets extra="forbid", at every level'
+                )
+
+    @pytest.mark.launch
+    def test_trains_on_two_cpu_processes(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
+        from acc_train import Machine
+
+        name = acc_train_strategy_name
+        strategy, _ = _strategy(name)
+        run = acc_train_kit.full(name)
+        summary = json.loads((run / "run.json").read_text())
+        assert summary["world_size"] == 2 and summary["steps"] == KIT_STEPS, summary
+        assert summary["strategy"] == name
+        expected = strategy.expected_distributed_types(Machine("cpu", 2))
+        assert summary["distributed_type"].removeprefix("DistributedType.") in expected, (
+            f"ran as {summary['distributed_type']}, but the strategy expects {sorted(expected)}"
+        )
+        metrics = _metrics(run)
+        assert sorted(metrics) == list(range(1, KIT_STEPS + 1)), "metrics.jsonl must log every step"
+        losses = [metrics[s]["loss"] for s in sorted(metrics)]
+        assert all(math.isfinite(v) for v in losses), losses
+        assert losses[-1] < losses[0], f"the loss did not fall in {KIT_STEPS} steps: {losses}"
+        self._final_model_loads(run / "final")
+
+    @staticmethod
+    def _final_model_loads(final: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        assert (final / "config.json").is_file(), "final/ holds no save_pretrained model"
+        model = AutoModelForCausalLM.from_pretrained(final)
+        logits = model(torch.tensor([[2, 3, 4, 5]])).logits
+        assert torch.isfinite(logits).all(), "the exported model gives non-finite logits"
+
+    @pytest.mark.launch
+    def test_stop_and_resume_reproduces_the_uninterrupted_run(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
+        name = acc_train_strategy_name
+        full, resumed = acc_train_kit.full(name), acc_train_kit.resumed(name)
+        a, b = _metrics(full), _metrics(resumed)
+        summary = json.loads((resumed / "run.json").read_text())
+        assert summary["start_step"] == KIT_RESUME_STEP, f"the resumed run started at step {summary['start_step']}"
+        assert sorted(b) == list(range(1, KIT_STEPS + 1)), sorted(b)
+        for step in range(KIT_RESUME_STEP + 1, KIT_STEPS + 1):
+            assert b[step]["loss"] == pytest.approx(a[step]["loss"], abs=1e-6), (
+                f"resumed from step {KIT_RESUME_STEP}, step {step} gave loss {b[step]['loss']!r}, the uninterrupted "
+                f"run {a[step]['loss']!r}: the checkpoint does not hold everything training depends on "
+                "(every rank's model and optimizer state, if ranks differ?)"
+            )
+            assert b[step]["lr"] == pytest.approx(a[step]["lr"], rel=1e-9), f"step {step}: the learning rate differs"
+
+    @pytest.mark.launch
+    def test_checkpoints_carry_a_valid_manifest(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
+        from acc_train import plugins
+
+        name = acc_train_strategy_name
+        strategy, options = _strategy(name)
+        fmt = strategy.checkpoint_format_for(options)
+        assert fmt in plugins.checkpoint_formats().names(), f'checkpoint format "{fmt}" is not registered'
+        ckpts = acc_train_kit.full(name) / "checkpoints"
+        assert (ckpts / "latest").read_text().strip() == f"step-{KIT_STEPS:06d}"
+        assert not list(ckpts.glob(".staging-*")), "a staging directory was left behind"
+        for step in (KIT_RESUME_STEP, KIT_STEPS):
+            directory = ckpts / f"step-{step:06d}"
+            manifest = json.loads((directory / "manifest.json").read_text())
+            assert manifest["format"] == fmt, f"step {step}: manifest format {manifest['format']!r}, strategy says {fmt!r}"
+            assert manifest["step"] == step and manifest["world_size"] == 2, manifest
+            assert manifest["strategy"] == name
+            listed = manifest["files"]
+            on_disk = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()} - {"manifest.json"}
+            assert set(listed) == on_disk, (
+                f"step {step}: files not in the manifest {sorted(on_disk - set(listed))}, "
+                f"listed but missing {sorted(set(listed) - on_disk)} (write everything inside save())"
+            )
+            for rel, entry in listed.items():
+                path = directory / rel
+                assert path.stat().st_size == entry["size"] and _sha256(path) == entry["sha256"], f"{rel} changed after the manifest"
+
+    @pytest.mark.launch
+    def test_losses_match_ddp_where_declared_equivalent(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
+        from acc_train import plugins
+
+        name = acc_train_strategy_name
+        strategy, options = _strategy(name)
+        if not strategy.equivalent_to_ddp(options):
+            pytest.skip(f'"{name}" does not declare itself equivalent to DDP (Strategy.equivalent_to_ddp)')
+        if "ddp" not in plugins.strategies().names():
+            pytest.skip("comparing with DDP needs the ddp strategy: pip install acc-train-strategy-ddp")
+        ours, ddp = _metrics(acc_train_kit.full(name)), _metrics(acc_train_kit.full("ddp"))
+        for step in range(1, KIT_STEPS + 1):
+            assert ours[step]["loss"] == pytest.approx(ddp[step]["loss"], abs=1e-4), (
+                f'"{name}" declares itself equivalent to DDP, but at step {step} its loss is {ours[step]["loss"]!r} '
+                f"and DDP's {ddp[step]['loss']!r}"
+            )

@@ -1,0 +1,122 @@
+"""The kit fails, with a clear message, on a deliberately broken strategy: its own tests.
+
+``broken-dp`` is a real installed plugin (a dist-info on ``PYTHONPATH``, so the launched workers
+find it too) that gets three things wrong: its options schema allows unknown keys; it skips
+DDP's gradient all-reduce yet declares itself equivalent to DDP; and, its ranks having
+drifted apart, it still checkpoints one copy of what it takes for replicated state, so a resume
+cannot reproduce the run.
+The kit runs on it (and on a name nothing registers) in a separate pytest session, and each
+defect must fail its own test with a message that says what is wrong, while the rest pass.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("acc-train-kit-selftest")]
+
+BROKEN = '''
+from pydantic import ConfigDict
+
+from acc_train import Strategy, StrategyOptions, hookimpl
+
+
+class LooseOptions(StrategyOptions):
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)  # broken: unknown keys pass
+
+
+class BrokenDP(Strategy):
+    name = "broken-dp"
+    description = "deliberately broken, for the conformance kit's own tests"
+    options_schema = LooseOptions
+    checkpoint_format = "dcp"  # broken: one copy of replicated state, though the ranks differ
+
+    def accelerator_kwargs(self, options, job):
+        return {}
+
+    def equivalent_to_ddp(self, options):
+        return True  # broken: it does not all-reduce gradients
+
+
+@hookimpl
+def acc_train_register_strategies(register):
+    register(BrokenDP())
+
+
+@hookimpl
+def acc_train_train_start(run):
+    if isinstance(run.job.strategy, BrokenDP) and hasattr(run.model, "register_comm_hook"):
+        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+
+        run.model.register_comm_hook(None, noop_hook)
+'''
+
+SUITE = '''
+import pytest
+
+from acc_train.testing import TestStrategyConformance  # noqa: F401
+
+pytestmark = pytest.mark.acc_train_strategy("broken-dp", "no-such-strategy")
+'''
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+    """test id -> (passed | failed | skipped, failure message) of the kit's session."""
+    root = tmp_path_factory.mktemp("kit-selftest")
+    site = root / "site"
+    dist = site / "broken_dp-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-dp\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[acc_train]\nbroken-dp = broken_dp_plugin\n")
+    (site / "broken_dp_plugin.py").write_text(BROKEN)
+    project = root / "project"
+    project.mkdir()
+    (project / "test_broken.py").write_text(SUITE)
+    report = root / "report.xml"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-o", "addopts=", "--rootdir", str(project),
+         f"--junitxml={report}", "test_broken.py"],
+        capture_output=True, text=True, cwd=project, env=env, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]  # 1: tests ran, some failed
+    results = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        failed = case.find("failure")
+        if failed is None:
+            failed = case.find("error")
+        status = "failed" if failed is not None else "skipped" if case.find("skipped") is not None else "passed"
+        results[case.get("name")] = (status, (failed.get("message") or "") if failed is not None else "")
+    return results
+
+
+def test_what_broken_dp_gets_right_passes(outcomes: dict[str, tuple[str, str]]) -> None:
+    for test in ("test_registers_and_lists", "test_trains_on_two_cpu_processes", "test_checkpoints_carry_a_valid_manifest"):
+        assert outcomes[f"{test}[broken-dp]"][0] == "passed", outcomes[f"{test}[broken-dp]"]
+
+
+@pytest.mark.parametrize(
+    ("test", "message"),
+    [
+        ("test_options_schema_rejects_unknown_keys", 'the options schema of "broken-dp" accepted the unknown key strategy.no_such_option_kit'),
+        ("test_stop_and_resume_reproduces_the_uninterrupted_run", "the checkpoint does not hold everything training depends on"),
+        ("test_losses_match_ddp_where_declared_equivalent", '"broken-dp" declares itself equivalent to DDP, but at step'),
+    ],
+)
+def test_each_defect_fails_its_own_test_with_a_clear_message(outcomes: dict[str, tuple[str, str]], test: str, message: str) -> None:
+    status, text = outcomes[f"{test}[broken-dp]"]
+    assert status == "failed" and message in text, (status, text)
+
+
+def test_a_strategy_nothing_registers_fails_every_check_by_name(outcomes: dict[str, tuple[str, str]]) -> None:
+    checks = {name: result for name, result in outcomes.items() if name.endswith("[no-such-strategy]")}
+    assert len(checks) == 6 and all(status == "failed" for status, _ in checks.values()), checks
+    assert 'strategy "no-such-strategy" is not registered' in checks["test_registers_and_lists[no-such-strategy]"][1]
+    assert 'unknown strategy "no-such-strategy"' in checks["test_options_schema_rejects_unknown_keys[no-such-strategy]"][1]
