@@ -32,7 +32,7 @@ def test_inspect_shows_the_manifest_and_checks_the_files(ddp_run: Path) -> None:
     assert "step-000020" in proc.stdout and "all match the manifest" in proc.stdout and "format      dcp" in proc.stdout
     info = json.loads(run_cli("checkpoint", "inspect", str(ddp_run / "checkpoints" / "step-000010"), "--json").stdout)
     assert info["step"] == 10 and info["world_size"] == 2 and info["strategy"] == "ddp" and info["verified"] is True
-    assert info["data"]["global_batch"] == 8 and info["model"]["model_type"] == "llama"
+    assert info["data"]["global_batch"] == 8 and info["model"]["model_type"] == "llama" and info["model_class"] == "LlamaForCausalLM"
 
 
 @pytest.mark.parametrize("damage", ["truncated", "edited", "planted-pickle"])

@@ -292,7 +292,7 @@ def checkpoint_inspect(path: str, as_json: bool) -> None:
         ("strategy", f"{info['strategy']}" + (f" ({options})" if options else "")),
         ("world size", str(info["world_size"])),
         ("step", f"{info['step']} (epoch {info['epoch']}, {info['samples_in_epoch']} samples into it)"),
-        ("model", f"{model.get('model_type')} (config sha256 {str(model.get('config_sha256'))[:16]})"),
+        ("model", f"{info.get('model_class') or model.get('model_type')} (config sha256 {str(model.get('config_sha256'))[:16]})"),
         ("data", ", ".join(f"{k}={v}" for k, v in (info.get("data") or {}).items())),
         ("versions", ", ".join(f"{k} {v}" for k, v in (info.get("versions") or {}).items())),
         ("files", f"{info['files']} files, {info['bytes'] / 2**20:.2f} MiB, all match the manifest (size and sha256)"),

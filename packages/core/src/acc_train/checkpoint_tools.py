@@ -59,6 +59,7 @@ def inspect_checkpoint(path: str) -> dict[str, Any]:
         "epoch": manifest.get("epoch"),
         "samples_in_epoch": manifest.get("samples_in_epoch"),
         "model": manifest.get("model"),
+        "model_class": manifest.get("model_class"),
         "data": manifest.get("data"),
         "versions": manifest.get("versions"),
         "files": len(files),

@@ -171,7 +171,7 @@ def train(job: ResolvedJob) -> dict[str, Any]:
         out,
         fmt,
         cfg.checkpoint.keep_last,
-        {"strategy": job.config.strategy["name"], "strategy_options": job.options.model_dump(mode="json"), "model": fingerprint},
+        {"strategy": job.config.strategy["name"], "strategy_options": job.options.model_dump(mode="json"), "model": fingerprint, "model_class": type(model).__name__},
         # the data order is a function of these alone: processes, micro-batch size and
         # accumulation may change on resume as long as their product does not
         data_signature={
