@@ -488,6 +488,7 @@ class CheckpointManager:
 
         from safetensors.torch import save_file
 
+        started = time.perf_counter()  # waiting for a previous asynchronous save counts as blocked
         self.finish()  # a previous asynchronous save is committed before the next begins
         acc = self.accelerator
         staging = self.root / f"{STAGING_PREFIX}{step_dir_name(state.step)}"
@@ -496,7 +497,6 @@ class CheckpointManager:
                 shutil.rmtree(staging)
             staging.mkdir(parents=True)
         acc.wait_for_everyone()
-        started = time.perf_counter()
         staging.mkdir(parents=True, exist_ok=True)  # machines without a shared filesystem
         fault_point("save-start", state.step)
         future = None
@@ -522,15 +522,21 @@ class CheckpointManager:
             return
         self._commit(staging, state)
 
-    def finish(self) -> None:
-        """Wait for an asynchronous save still being written, and commit it."""
+    def finish(self) -> float:
+        """Wait for an asynchronous save still being written, and commit it. Returns the
+        seconds spent waiting for its writes."""
         if self._pending is None:
-            return
+            return 0.0
+        import time
+
         future, state, staging = self._pending
         self._pending = None
+        started = time.perf_counter()
         future.result()
+        waited = time.perf_counter() - started
         fault_point("save-state-written", state.step)
         self._commit(staging, state)
+        return waited
 
     def _async_group(self) -> Any:
         """A process group of its own for the background writer's collectives, so they never

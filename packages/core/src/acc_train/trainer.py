@@ -132,7 +132,7 @@ def train(job: ResolvedJob) -> dict[str, Any]:
     with accelerator.main_process_first():
         train_blocks, eval_blocks = load_blocks(cfg.data, tokenizer)
     model = build_model(cfg)
-    fingerprint = model_fingerprint(model.config)
+    fingerprint, model_class = model_fingerprint(model.config), type(model).__name__  # before prepare wraps it
     model_config = json.loads(model.config.to_json_string(use_diff=False))  # before prepare wraps the model
     top = max(int(b.max().item()) for b in (train_blocks, eval_blocks) if b is not None)
     if top >= model.config.vocab_size:
@@ -171,7 +171,7 @@ def train(job: ResolvedJob) -> dict[str, Any]:
         out,
         fmt,
         cfg.checkpoint.keep_last,
-        {"strategy": job.config.strategy["name"], "strategy_options": job.options.model_dump(mode="json"), "model": fingerprint, "model_class": type(model).__name__},
+        {"strategy": job.config.strategy["name"], "strategy_options": job.options.model_dump(mode="json"), "model": fingerprint, "model_class": model_class},
         # the data order is a function of these alone: processes, micro-batch size and
         # accumulation may change on resume as long as their product does not
         data_signature={
@@ -350,7 +350,8 @@ def _loop(
             t_prev = time.perf_counter()  # evaluation and saving stay out of the step time
             if last:
                 break
-    manager.finish()  # an asynchronous last save is committed before the run is summed up
+    # an asynchronous last save is committed before the run is summed up
+    run.extras["checkpoint_final_wait_s"] = manager.finish()
     run.extras["checkpoint_blocked_s"] = manager.blocked_s
     elapsed_run = time.perf_counter() - t_start
     return _summary(run, job, state, model, start_step, elapsed_run, step_times, last_loss, best_loss, eval_loss, saved)
@@ -407,6 +408,8 @@ def _summary(
             "mode": "async" if job.config.checkpoint.async_save else "sync",
             "blocked_s": [round(t, 4) for t in run.extras["checkpoint_blocked_s"]],
             "mean_blocked_s": statistics.fmean(run.extras["checkpoint_blocked_s"]) if run.extras["checkpoint_blocked_s"] else None,
+            # after the last step: waiting for the last asynchronous save's writes
+            "final_wait_s": round(run.extras["checkpoint_final_wait_s"], 4),
         },
         "model_parameters": model_elements,
         "per_rank": per_rank,
