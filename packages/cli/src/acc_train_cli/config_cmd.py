@@ -190,13 +190,17 @@ def save_config(config: dict[str, Any], target: Path) -> None:
     from acc_train.config import check_config_file
     from acc_train.errors import UserError
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise UserError(f"cannot write {target}: {exc.strerror or exc}", hint="choose another place with --config-file") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(HEADER + yaml.safe_dump(config, sort_keys=False))
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, target.stat().st_mode & 0o777 if target.exists() else 0o644)  # mkstemp's is 0600
         _, problems = check_config_file(tmp)
         if problems:  # the answers were validated one by one; this would be a bug
             raise UserError("the answers do not make a valid config:\n  " + "\n  ".join(problems))
@@ -273,6 +277,8 @@ def config_validate(file: str | None) -> None:
     path = Path(file) if file else default_config_file()
     if file is None and not path.is_file():
         raise UserError(f"no FILE given and no default config file at {path}", hint="run `acc-train config` to write one")
+    if not path.is_file():
+        raise UserError(f"config file {str(path)!r} " + ("is not a file" if path.exists() else "does not exist"))
     job, problems = check_config_file(path)
     if problems:
         count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
