@@ -35,6 +35,13 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     )
 
 
+@pytest.fixture(autouse=True)
+def _no_user_default_config(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`acc-train` reads the file `acc-train config` saved when no --config is given; a tester's
+    own must not change what the tests see."""
+    monkeypatch.setenv("ACC_TRAIN_CONFIG_FILE", str(tmp_path_factory.getbasetemp() / "no-default-config.yaml"))
+
+
 def read_metrics(out: Path) -> dict[int, dict]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
     return {r["step"]: r for r in rows if "loss" in r}

@@ -53,7 +53,7 @@ def test_plugins_prints_json_with_hooks_and_registrations() -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     by_name = {p["name"]: p for p in data["plugins"]}
-    assert by_name["ddp"]["hooks"] == ["acc_train_register_strategies"]
+    assert by_name["ddp"]["hooks"] == ["acc_train_config_questions", "acc_train_register_strategies"]
     assert by_name["ddp"]["registered"] == {"strategies": ["ddp"]}
     assert by_name["builtin"]["registered"] == {"checkpoint_formats": ["dcp"]}
 

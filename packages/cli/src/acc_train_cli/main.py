@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from acc_train_cli.config_cmd import config_group
+
 __all__ = ["cli", "main"]
 
 EXIT_USER_ERROR = 2
@@ -107,7 +109,10 @@ def _resolve(params: dict[str, Any]) -> Any:
             continue
         flag = "--" + name.replace("_", "-")
         flags[dotted] = (list(value) if isinstance(value, tuple) else value, flag)
-    return load_job(params.get("config_file"), flags, params.get("sets") or ())
+    job = load_job(params.get("config_file"), flags, params.get("sets") or (), use_default_file=True)
+    if job.default_file is not None:
+        click.echo(f"using the default config file {job.default_file} (from `acc-train config`; --config FILE reads another)", err=True)
+    return job
 
 
 def _report_plugin_failures() -> None:
@@ -368,6 +373,9 @@ def env() -> None:
     width = max(len(k) for k in lines)
     for k, v in lines.items():
         click.echo(f"{k.ljust(width)}  {v}")
+
+
+cli.add_command(config_group)
 
 
 def main() -> None:

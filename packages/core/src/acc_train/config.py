@@ -8,6 +8,7 @@ flag, or ``--set``).
 from __future__ import annotations
 
 import copy
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +26,17 @@ __all__ = [
     "load_job",
     "parse_set",
     "format_validation_error",
+    "config_problems",
+    "check_config_file",
+    "default_config_file",
+    "ENV_CONFIG_FILE",
     "DEFAULT_MAX_STEPS",
 ]
 
 DEFAULT_MAX_STEPS = 300
+
+#: Where ``acc-train config`` saves, and ``acc-train`` reads when no ``--config`` is given.
+ENV_CONFIG_FILE = "ACC_TRAIN_CONFIG_FILE"
 
 #: Accelerate trackers and the modules that must import for each.
 TRACKER_MODULES: dict[str, tuple[str, ...]] = {
@@ -335,6 +343,14 @@ def format_validation_error(
     exc: ValidationError, schema: type[BaseModel], sources: Sources, prefix: str = ""
 ) -> UserError:
     """One message listing every problem with its key path and origin."""
+    lines = problem_lines(exc, schema, sources, prefix)
+    head = "invalid config" if len(lines) > 1 else "invalid config: " + lines[0]
+    body = "\n  " + "\n  ".join(lines) if len(lines) > 1 else ""
+    return UserError(head + body, hint="fix the value(s) above; `acc-train --print-config` shows the resolved config")
+
+
+def problem_lines(exc: ValidationError, schema: type[BaseModel], sources: Sources, prefix: str = "") -> list[str]:
+    """``key.path (file:line): what is wrong``, one per problem pydantic found."""
     lines = []
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
@@ -352,9 +368,7 @@ def format_validation_error(
             if err["type"] not in {"missing"} and "input" in err and not isinstance(err["input"], dict):
                 got = f" (got {err['input']!r})"
             lines.append(f"{dotted}{at}: {msg}{got}")
-    head = "invalid config" if len(lines) > 1 else "invalid config: " + lines[0]
-    body = "\n  " + "\n  ".join(lines) if len(lines) > 1 else ""
-    return UserError(head + body, hint="fix the value(s) above; `acc-train --print-config` shows the resolved config")
+    return lines
 
 
 # ----------------------------------------------------------------------------------------
@@ -370,6 +384,8 @@ class ResolvedJob:
     strategy: Any  # acc_train.strategy.Strategy
     options: Any  # its StrategyOptions
     sources: Sources
+    #: The default config file (``acc-train config``) read because no ``--config`` was given.
+    default_file: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = self.config.model_dump(mode="json")
@@ -397,26 +413,54 @@ def resolve_strategy(config: JobConfig, sources: Sources) -> tuple[Any, Any]:
     return strategy, options
 
 
+def default_config_file() -> Path:
+    """Where ``acc-train config`` saves: ``$ACC_TRAIN_CONFIG_FILE``, else
+    ``$XDG_CONFIG_HOME/acc-train/default_config.yaml`` (``~/.config`` without it)."""
+    explicit = os.environ.get(ENV_CONFIG_FILE, "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CONFIG_HOME", "").strip()
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path("~/.config").expanduser()  # XDG: relative is invalid
+    return base / "acc-train" / "default_config.yaml"
+
+
+def _read_config_file(config_file: str | Path, sources: Sources) -> dict[str, Any]:
+    data, lines = read_yaml_file(config_file)
+    if is_accelerate_config(data):
+        data = from_accelerate_config(data, str(config_file))
+    if isinstance(data.get("strategy"), str):  # `strategy: ddp` shorthand
+        data["strategy"] = {"name": data["strategy"]}
+    sources.origins.update(lines)
+    return data
+
+
+def _normalise_strategy(raw: dict[str, Any]) -> None:
+    if "strategy" in raw and isinstance(raw["strategy"], str):
+        raw["strategy"] = {"name": raw["strategy"]}
+    if isinstance(raw.get("strategy"), dict):
+        raw["strategy"] = {"name": "ddp", **raw["strategy"]}
+
+
 def load_job(
     config_file: str | Path | None = None,
     flags: dict[str, Any] | None = None,
     sets: list[str] | tuple[str, ...] = (),
     base: dict[str, Any] | None = None,
+    use_default_file: bool = False,
 ) -> ResolvedJob:
     """Resolve and validate a job: defaults < ``base`` < file < flags < ``--set``.
 
     ``flags`` maps dotted keys to values and flag names: ``{"training.max_steps": (20, "--max-steps")}``.
+    With ``use_default_file`` (the command line), the file ``acc-train config`` saved stands in
+    for ``config_file`` when none is given and it exists; library callers stay hermetic.
     """
     sources = Sources()
     raw: dict[str, Any] = copy.deepcopy(base or {})
+    default_file = None
+    if config_file is None and use_default_file and default_config_file().is_file():
+        config_file = default_file = default_config_file()
     if config_file is not None:
-        data, lines = read_yaml_file(config_file)
-        if is_accelerate_config(data):
-            data = from_accelerate_config(data, str(config_file))
-        if isinstance(data.get("strategy"), str):  # `strategy: ddp` shorthand
-            data["strategy"] = {"name": data["strategy"]}
-        raw = deep_merge(raw, data)
-        sources.origins.update(lines)
+        raw = deep_merge(raw, _read_config_file(config_file, sources))
     for dotted, (value, flag) in (flags or {}).items():
         set_dotted(raw, dotted, value, flag)
         sources.origins[dotted] = flag
@@ -424,16 +468,63 @@ def load_job(
         dotted, value = parse_set(item)
         set_dotted(raw, dotted, value, f"--set {item}")
         sources.origins[dotted] = f"--set {item}"
-    if "strategy" in raw and isinstance(raw["strategy"], str):
-        raw["strategy"] = {"name": raw["strategy"]}
-    if isinstance(raw.get("strategy"), dict):
-        raw["strategy"] = {"name": "ddp", **raw["strategy"]}
+    _normalise_strategy(raw)
     try:
         config = JobConfig.model_validate(raw)
     except ValidationError as exc:
         raise format_validation_error(exc, JobConfig, sources) from None
     strategy, options = resolve_strategy(config, sources)
-    return ResolvedJob(config, strategy, options, sources)
+    return ResolvedJob(config, strategy, options, sources, default_file)
+
+
+def config_problems(data: dict[str, Any], sources: Sources | None = None) -> list[str]:
+    """Every problem of a config (defaults < ``data``), one line each with its key path and
+    origin: the strategy's options are checked even when another section is wrong."""
+    sources = sources or Sources()
+    raw = copy.deepcopy(data)
+    _normalise_strategy(raw)
+    problems: list[str] = []
+    try:
+        JobConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems += problem_lines(exc, JobConfig, sources)
+    section = raw.get("strategy", {"name": "ddp"})
+    if isinstance(section, dict):  # else JobConfig reported it
+        problems += _strategy_problems(section, sources)
+    return problems
+
+
+def _strategy_problems(section: dict[str, Any], sources: Sources) -> list[str]:
+    from acc_train.plugins import strategies
+
+    options = dict(section)
+    name = options.pop("name", None)
+    origin = sources.where("strategy.name")
+    at = f" ({origin})" if origin else ""
+    if not isinstance(name, str) or not name:
+        return [f"strategy.name{at}: must be set to a strategy name"]
+    try:
+        strategy = strategies().get(name)
+    except UserError as exc:
+        return [f"strategy.name{at}: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")]
+    try:
+        strategy.parse_options(deep_merge(strategy.presets.get(name, {}), options))
+    except ValidationError as exc:
+        return problem_lines(exc, strategy.options_schema, sources, prefix="strategy.")
+    return []
+
+
+def check_config_file(path: str | Path) -> tuple[ResolvedJob | None, list[str]]:
+    """A config file checked on its own (defaults < file): the resolved job, or every problem."""
+    sources = Sources()
+    try:
+        data = _read_config_file(path, sources)
+    except UserError as exc:
+        return None, [str(exc)]
+    problems = config_problems(data, sources)
+    if problems:
+        return None, problems
+    return load_job(path), []
 
 
 def load_resolved(path: str | Path) -> ResolvedJob:

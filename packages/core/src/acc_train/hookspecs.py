@@ -15,6 +15,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from acc_train.checkpoint import CheckpointFormat
+    from acc_train.questions import Question
     from acc_train.run import RunContext
     from acc_train.strategy import Strategy, WrapPolicy
 
@@ -81,6 +82,21 @@ def acc_train_accelerate_config(distributed_type: str, config: dict[str, Any]) -
 
     :param distributed_type: the file's ``distributed_type``.
     :param config: the whole file, as read.
+    """
+
+
+@hookspec(firstresult=True)
+def acc_train_config_questions(strategy_name: str) -> list[Question] | None:
+    """The questions ``acc-train config`` asks about this plugin's strategy.
+
+    Called by the wizard after the user picks a strategy (or one of its presets), with the
+    strategy's own name (not the preset's). Return :class:`acc_train.Question` objects, keyed
+    inside the ``strategy:`` section, in the order to ask them; an empty list asks nothing; None
+    when the strategy is not this plugin's. Stops at the first non-None result. Each answer is
+    validated through the strategy's options schema, and a preset's options replace the
+    questions' defaults. Must not import torch, accelerate or deepspeed.
+
+    :param strategy_name: the chosen strategy's registered name.
     """
 
 

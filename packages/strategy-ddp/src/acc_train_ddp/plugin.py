@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from acc_train import Machine, Strategy, StrategyOptions, UserError, hookimpl
+from acc_train import Machine, Question, Strategy, StrategyOptions, UserError, hookimpl
 
 __all__ = ["DDPOptions", "DDPStrategy"]
 
@@ -80,3 +80,21 @@ class DDPStrategy(Strategy):
 @hookimpl
 def acc_train_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(DDPStrategy())
+
+
+@hookimpl
+def acc_train_config_questions(strategy_name: str) -> list[Question] | None:
+    if strategy_name != DDPStrategy.name:
+        return None
+    return [
+        Question("bucket_cap_mb", "Gradient bucket size in MiB", default=25),
+        Question(
+            "comm_hook",
+            "Compress gradients before the all-reduce",
+            default="none",
+            choices=("none", "fp16", "bf16", "powersgd"),
+            help="fp16 needs GPUs; bf16 and powersgd work on CPU too",
+        ),
+        Question("powersgd_rank", "PowerSGD approximation rank", default=1, when=lambda a: a.get("comm_hook") == "powersgd"),
+        Question("find_unused_parameters", "Does the model have parameters that get no gradient some steps?", default=False, choices=(False, True)),
+    ]

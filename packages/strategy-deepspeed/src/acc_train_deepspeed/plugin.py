@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from acc_train import Strategy, hookimpl
+from acc_train import Question, Strategy, hookimpl
 from acc_train.checkpoint import CheckpointFormat
 from acc_train_deepspeed.config import from_accelerate_section
 from acc_train_deepspeed.strategy import DeepSpeedCheckpointFormat, DeepSpeedStrategy
@@ -27,3 +27,22 @@ def acc_train_accelerate_config(distributed_type: str, config: dict[str, Any]) -
 @hookimpl
 def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat], None]) -> None:
     register(DeepSpeedCheckpointFormat())
+
+
+@hookimpl
+def acc_train_config_questions(strategy_name: str) -> list[Question] | None:
+    if strategy_name != DeepSpeedStrategy.name:
+        return None
+    offload = ("none", "cpu", "nvme")
+    return [
+        Question("stage", "ZeRO stage", default=3, choices=(0, 1, 2, 3), help="1 shards optimizer state, 2 also gradients, 3 also parameters"),
+        Question("offload_optimizer", "Offload optimizer state to", default="none", choices=offload, when=lambda a: a.get("stage") != 0),
+        Question("offload_param", "Offload parameters to", default="none", choices=offload, when=lambda a: a.get("stage") == 3),
+        Question(
+            "nvme_path",
+            "NVMe offload directory",
+            default="/local_nvme",
+            when=lambda a: "nvme" in (a.get("offload_optimizer"), a.get("offload_param")),
+        ),
+        Question("zero3_init_flag", "Build the model already partitioned (very large models)?", default=False, choices=(False, True), when=lambda a: a.get("stage") == 3),
+    ]
