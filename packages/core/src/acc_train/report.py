@@ -163,9 +163,9 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
     ax_loss, ax_lr, ax_tps = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 1, 1])
     rows = dict(summary_rows(record))
     fig.suptitle(
-        f"{record.output_dir.name}: {rows['strategy']}, world size {rows['world size']}, {rows['steps']} steps",
-        fontsize=14,
-        fontweight="bold",
+        f"{record.output_dir.name}: {rows['strategy']}, world size {rows['world size']}, {rows['steps']} steps\n"
+        f"final loss {rows['final loss']}, eval loss {rows['eval loss']}, {rows['tokens/s']} tokens/s",
+        fontsize=13,
     )
 
     losses = [r["loss"] for r in record.steps]
@@ -175,15 +175,7 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
         if window > 1:
             ax_loss.plot(steps, _smoothed(losses, window), color="tab:blue", lw=2, label=f"train loss, mean of {window} steps")
         best = min(record.steps, key=lambda r: r["loss"])
-        ax_loss.annotate(
-            f"best {best['loss']:.4f} @ {best['step']}",
-            (best["step"], best["loss"]),
-            textcoords="offset points",
-            xytext=(-10, 12),
-            ha="right",
-            fontsize=9,
-            arrowprops={"arrowstyle": "-", "color": "gray"},
-        )
+        ax_loss.plot([best["step"]], [best["loss"]], "*", color="tab:red", ms=12, zorder=5, label=f"best {best['loss']:.4f} (step {best['step']})")
     if record.evals:
         ax_loss.plot(
             [r["step"] for r in record.evals], [r["eval_loss"] for r in record.evals],
