@@ -177,6 +177,9 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
                 f"done: {s['steps']} steps under {s['strategy']} ({s['distributed_type']}, world size {s['world_size']}), "
                 f"final loss {loss:.4f}, {s['tokens_per_s'] or 0:.0f} tokens/s -> {cfg.output_dir}"
             )
+            from acc_train.report import format_summary, read_run
+
+            click.echo(format_summary(read_run(cfg.output_dir)))
 
 
 def _run_workers(section: Any, args: list[str], env: dict[str, str]) -> None:
@@ -376,6 +379,11 @@ def env() -> None:
 
 
 cli.add_command(config_group)
+from acc_train_cli.plan import plan  # noqa: E402 - commands in their own modules, registered here
+from acc_train_cli.report import report  # noqa: E402
+
+cli.add_command(plan)
+cli.add_command(report)
 
 
 def main() -> None:

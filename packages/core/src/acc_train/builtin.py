@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointFormat, DCPFormat
 from acc_train.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from acc_train.run import RunContext
 
 
 @hookimpl
 def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat], None]) -> None:
     register(DCPFormat())
+
+
+@hookimpl
+def acc_train_train_end(run: RunContext, summary: dict[str, Any]) -> None:
+    """Draw the run's report.png once run.json is written (main process). A failure to draw
+    is a warning: the run itself has succeeded."""
+    if not run.is_main_process:
+        return
+    from acc_train.report import write_report
+
+    try:
+        write_report(run.output_dir)
+    except Exception as exc:  # noqa: BLE001 - reporting never fails a finished run
+        sys.stderr.write(f"warning: could not draw {run.output_dir / 'report.png'}: {type(exc).__name__}: {exc}\n")

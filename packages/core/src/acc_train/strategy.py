@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from acc_train.config import JobConfig
+    from acc_train.memory_plan import MemoryPlan, PlanInput
     from acc_train.model_state import ModelStateMeter
 
 __all__ = ["Strategy", "StrategyOptions", "WrapPolicy", "Machine"]
@@ -120,6 +121,19 @@ class Strategy(ABC):
         from acc_train.model_state import TorchOptimizerMeter
 
         return TorchOptimizerMeter(optimizer)
+
+    def plan_variants(self) -> dict[str, dict[str, Any]]:
+        """The option sets ``acc-train plan`` shows a row for, by label: the presets, or the
+        defaults when there are none."""
+        return {name: dict(options) for name, options in self.presets.items()} or {self.name: {}}
+
+    def plan_memory(self, options: StrategyOptions, plan: PlanInput) -> MemoryPlan:
+        """What one rank holds of the model state with ``options``, for ``acc-train plan``
+        (no model is built). The default is a full replica on every rank, as DDP holds:
+        16psi bytes in fp32. A sharding strategy states its own."""
+        from acc_train.memory_plan import replicated
+
+        return replicated(plan)
 
     def checkpoint_format_for(self, options: StrategyOptions) -> str:
         """The registered checkpoint format to save with, given the options."""

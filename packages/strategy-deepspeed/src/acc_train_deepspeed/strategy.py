@@ -11,7 +11,7 @@ Batch size, gradient accumulation and clipping have one source of truth: the job
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -20,9 +20,15 @@ from acc_train.checkpoint import CheckpointFormat
 from acc_train.model_state import ModelStateMeter, local_nbytes
 from acc_train_deepspeed.config import load_ds_config
 
+if TYPE_CHECKING:
+    from acc_train.memory_plan import MemoryPlan, PlanInput
+
 __all__ = ["DeepSpeedOptions", "DeepSpeedStrategy", "DeepSpeedCheckpointFormat", "ZeroMeter"]
 
 Offload = Literal["none", "cpu", "nvme"]
+
+#: DeepSpeed's default ``reduce_bucket_size`` (elements)
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
 
 #: options that shape zero_optimization; a config_file decides them instead
 ZERO_KEYS = (
@@ -174,6 +180,60 @@ class DeepSpeedStrategy(Strategy):
 
     def summary(self, accelerator: Any, options: StrategyOptions) -> dict[str, Any]:
         return {"zero_stage": accelerator.state.deepspeed_plugin.zero_stage}
+
+    def plan_memory(self, options: StrategyOptions, plan: PlanInput) -> MemoryPlan:
+        """The ZeRO paper's accounting: parameters and gradients in the training precision
+        (2 bytes each under bf16/fp16, 4 in fp32), and K = 12 bytes of optimizer state (fp32
+        master partition, momentum, variance), which DeepSpeed keeps even in fp32 training.
+        Measured in fp32: ZeRO-1 8psi + 12psi/N, ZeRO-2 4psi + 16psi/N, ZeRO-3 20psi/N."""
+        from acc_train.memory_plan import MemoryPlan
+
+        assert isinstance(options, DeepSpeedOptions)
+        psi, n = plan.parameters, plan.world_size
+        p = g = 2 if plan.low_precision else 4
+        stage = options.zero_stage
+        notes: list[str] = []
+        if options.config_file is not None:  # its own checks run when the job starts
+            import json
+
+            try:
+                zero = json.loads(Path(options.config_file).read_text()).get("zero_optimization", {})
+            except (OSError, ValueError):
+                raise UserError(f"cannot read DeepSpeed config {options.config_file!r}", where="strategy.config_file") from None
+            stage = int(zero.get("stage", 0))
+            notes.append(f"stage {stage} from {options.config_file} (its offload settings are not shown)")
+        if stage == 0:
+            params, grads, optim = p * psi, g * psi, (16 - p - g) * psi
+            formula = f"{p}psi + {g}psi + {16 - p - g}psi = 16psi"
+        elif stage == 1:
+            params, grads, optim = p * psi, g * psi, 12 * psi // n
+            formula = f"{p}psi + {g}psi + 12psi/N = {p + g}psi + 12psi/N"
+        elif stage == 2:
+            bucket = options.reduce_bucket_size or DEEPSPEED_REDUCE_BUCKET
+            params, grads, optim = p * psi, g * min(psi, psi // n + bucket), 12 * psi // n
+            if psi // n + bucket < psi:
+                formula = f"{p}psi + {g}psi/N + 12psi/N = {p}psi + {g + 12}psi/N (+ one bucket)"
+                notes.append(f"gradients: the partition plus one reduce bucket ({bucket:,} elements, reduce_bucket_size)")
+            else:
+                formula = f"{p}psi + {g}psi + 12psi/N = {p + g}psi + 12psi/N (model within one bucket)"
+                notes.append(
+                    f"gradients: the whole model fits one reduce bucket ({bucket:,} elements, reduce_bucket_size), so every "
+                    f"gradient exists at once before it is partitioned, as under ZeRO-1; the paper's {p}psi + {g + 12}psi/N needs a model much larger than the bucket"
+                )
+        else:
+            params, grads, optim = p * psi // n, g * psi // n, 12 * psi // n
+            formula = f"{p}psi/N + {g}psi/N + 12psi/N = {p + g + 12}psi/N"
+            notes.append("+ the layers being gathered; parameters under stage3_param_persistence_threshold are also kept whole")
+        offload: dict[str, str] = {}
+        if options.offload_optimizer != "none":  # ZeRO-Offload: the gradient partition goes with the step
+            offload["optimizer"] = options.offload_optimizer
+            if stage >= 2:
+                offload["grads"] = options.offload_optimizer
+            notes.append(f"offload: the optimizer step runs on the CPU, its state in {options.offload_optimizer.upper()} memory")
+        if options.offload_param != "none":
+            offload["params"] = options.offload_param
+            notes.append(f"parameter partitions in {options.offload_param.upper()} memory, gathered to the accelerator per layer")
+        return MemoryPlan(params, grads, optim, formula, offload=offload, note="; ".join(notes))
 
 
 class DeepSpeedCheckpointFormat(CheckpointFormat):

@@ -10,10 +10,13 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from acc_train import Machine, Strategy, StrategyOptions, UserError
 from acc_train_fsdp.options import FSDPOptions
+
+if TYPE_CHECKING:
+    from acc_train.memory_plan import MemoryPlan, PlanInput
 
 __all__ = ["FSDPStrategy"]
 
@@ -196,3 +199,41 @@ class FSDPStrategy(Strategy):
     def summary(self, accelerator: Any, options: StrategyOptions) -> dict[str, Any]:
         assert isinstance(options, FSDPOptions)
         return {"fsdp_version": options.version}
+
+    def plan_variants(self) -> dict[str, dict[str, Any]]:
+        """The presets, and FSDP1's shard_grad_op (ZeRO-2-like), which has no preset."""
+        return {**super().plan_variants(), "fsdp1-shard_grad_op": {"version": 1, "sharding_strategy": "shard_grad_op"}}
+
+    def plan_memory(self, options: StrategyOptions, plan: PlanInput) -> MemoryPlan:
+        """Parameters, gradients and Adam's moments, all fp32 (under bf16 FSDP casts the
+        gathered copy only), sharded 1/N; shard_grad_op keeps the gathered parameters from
+        forward to backward. Measured in fp32: 16psi/N (BENCHMARKS.md)."""
+        from acc_train.memory_plan import MemoryPlan, replicated
+
+        assert isinstance(options, FSDPOptions)
+        psi, n = plan.parameters, plan.world_size
+        if options.version == 1:
+            how = options.sharding_strategy or "full_shard"
+        else:
+            how = "full_shard" if options.reshard_after_forward in (None, True) else "shard_grad_op"
+        if how == "no_shard":
+            return replicated(plan, note="no_shard: a replica on every rank, as DDP")
+        if how.startswith("hybrid_shard"):  # sharded within a machine, replicated across machines
+            n = plan.local_world_size or n
+            how = "shard_grad_op" if how == "hybrid_shard_zero2" else "full_shard"
+        offload = {"params": "cpu", "grads": "cpu", "optimizer": "cpu"} if options.cpu_offload else {}
+        notes = ["N = processes per machine (hybrid sharding)"] if n != plan.world_size else []
+        gathered = 2 if plan.low_precision else 4
+        if how == "shard_grad_op":
+            params = 4 * psi // n + gathered * psi
+            formula = f"(4psi/N + {gathered}psi) + 4psi/N + 8psi/N = {gathered}psi + 16psi/N"
+            notes.append(f"parameters: the 4psi/N shard plus the gathered {gathered}psi kept from forward to backward")
+        else:
+            params = 4 * psi // n
+            formula = "4psi/N + 4psi/N + 8psi/N = 16psi/N"
+            notes.append("+ one wrapped unit's parameters, gathered while it computes")
+        if options.cpu_offload:
+            notes.append("offload: parameters, gradients and optimizer steps in CPU memory")
+        return MemoryPlan(
+            params, 4 * psi // n, 8 * psi // n, formula, offload=offload, note="; ".join(notes), recompute=options.activation_checkpointing
+        )

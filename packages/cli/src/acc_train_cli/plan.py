@@ -1,0 +1,210 @@
+"""``acc-train plan``: per-rank memory of the job under every installed strategy and preset.
+
+Each strategy states its own accounting (``Strategy.plan_memory``); the model is counted on
+the meta device, never allocated. Only click is imported at module level.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["plan", "human_bytes"]
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _check_model_path(name: str | None) -> None:
+    """A local model path must hold a transformers config (its weights are never read)."""
+    if not name or not (name.startswith((".", "/", "~")) or Path(name).exists()):
+        return
+    from acc_train.errors import UserError
+
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".json":
+        return
+    if not path.exists():
+        raise UserError(f"{name!r} does not exist", where="model.name_or_path", hint="give a save_pretrained directory or its config.json")
+    if not (path / "config.json").is_file():
+        raise UserError(
+            f"{name!r} has no config.json, so its model cannot be counted",
+            where="model.name_or_path",
+            hint="point at a directory written by save_pretrained, or at a config.json",
+        )
+
+
+def _precision(requested: str) -> str:
+    if requested != "auto":
+        return requested  # planning fp16 for a GPU from a CPU machine is fine
+    from acc_train.accelerator import current_machine, resolve_mixed_precision
+
+    return resolve_mixed_precision(requested, current_machine())
+
+
+def build_plan(job: Any) -> dict[str, Any]:
+    """The plan as data: the model, the inputs and one row per strategy variant."""
+    from acc_train.launcher import default_num_processes
+    from acc_train.memory_plan import ACTIVATION_FORMULA, PlanInput, activation_bytes, model_shape
+    from acc_train.plugins import strategies
+
+    cfg = job.config
+    shape = model_shape(cfg)
+    nproc = cfg.launch.num_processes or default_num_processes()
+    precision = _precision(cfg.training.mixed_precision)
+    inp = PlanInput(shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc)
+    mbs, seq = cfg.training.micro_batch_size, cfg.data.seq_len
+    rows: list[dict[str, Any]] = []
+    job_matched = False
+
+    def add(label: str, strategy: Any, options: Any, is_job: bool) -> None:
+        try:
+            mp = strategy.plan_memory(options, inp)
+        except Exception as exc:  # noqa: BLE001 - one plugin's broken accounting must not hide the others
+            click.echo(f"warning: strategy {strategy.name!r} could not plan {label!r}: {type(exc).__name__}: {exc}", err=True)
+            return
+        act = activation_bytes(shape, mbs, seq, precision, recompute=mp.recompute)
+        rows.append(
+            {
+                "label": label,
+                "strategy": strategy.name,
+                "job": is_job,
+                "params": mp.params,
+                "grads": mp.grads,
+                "optimizer": mp.optimizer,
+                "model_state": mp.model_state,
+                "activations": act,
+                "device_total": mp.on_device() + (act or 0),
+                "offloaded": mp.offloaded(),
+                "offload": dict(mp.offload),
+                "formula": mp.formula,
+                "note": mp.note,
+            }
+        )
+
+    for strategy, _owner in strategies().primary():
+        for label, raw in strategy.plan_variants().items():
+            options = strategy.parse_options(raw)
+            is_job = strategy is job.strategy and options == job.options
+            job_matched |= is_job
+            add(label, strategy, options, is_job)
+    if not job_matched:  # the job's own options differ from every preset: plan them too
+        add(f"{cfg.strategy['name']} (this job)", job.strategy, job.options, True)
+    return {
+        "model": shape.name,
+        "parameters": shape.parameters,
+        "num_processes": nproc,
+        "num_machines": cfg.launch.num_machines,
+        "world_size": inp.world_size,
+        "precision": precision,
+        "micro_batch_size": mbs,
+        "seq_len": seq,
+        "activation_formula": ACTIVATION_FORMULA,
+        "rows": rows,
+    }
+
+
+def _print_table(data: dict[str, Any]) -> None:
+    precision = {"no": "fp32", "bf16": "bf16 mixed precision", "fp16": "fp16 mixed precision"}[data["precision"]]
+    click.echo(
+        f"model: {data['model']}, psi = {data['parameters']:,} parameters; N = {data['world_size']} processes"
+        + (f" ({data['num_processes']} on each of {data['num_machines']} machines)" if data["num_machines"] > 1 else "")
+        + f"; {precision}; micro-batch {data['micro_batch_size']} x {data['seq_len']} tokens"
+    )
+    click.echo("per rank; '(cpu)' marks state held in CPU memory (offload), left out of the device total\n")
+
+    def cell(row: dict[str, Any], part: str) -> str:
+        where = row["offload"].get(part)
+        return human_bytes(row[part]) + (f" ({where})" if where else "")
+
+    head = ("strategy", "params", "grads", "optimizer", "activations*", "device total", "offloaded", "model-state formula")
+    lines = [head]
+    for r in data["rows"]:
+        lines.append(
+            (
+                ("* " if r["job"] else "  ") + r["label"],
+                cell(r, "params"),
+                cell(r, "grads"),
+                cell(r, "optimizer"),
+                human_bytes(r["activations"]) if r["activations"] is not None else "n/a",
+                human_bytes(r["device_total"]),
+                human_bytes(r["offloaded"]) if r["offloaded"] else "-",
+                r["formula"],
+            )
+        )
+    lines[0] = ("  " + head[0], *head[1:])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    for i, line in enumerate(lines):
+        click.echo("  ".join(c.ljust(w) if j in (0, len(head) - 1) else c.rjust(w) for j, (c, w) in enumerate(zip(line, widths))).rstrip())
+        if i == 0:
+            click.echo("  ".join("-" * w for w in widths))
+    click.echo("\n'* ' marks the job's own strategy. Notes:")
+    for r in data["rows"]:
+        if r["note"]:
+            click.echo(f"  {r['label']}: {r['note']}")
+    click.echo(f"* {data['activation_formula']}; s = seq_len, b = micro-batch, h = hidden size, a = heads, L = layers, V = vocab.")
+    click.echo("  The activation figure is an estimate, the same under every data-parallel strategy. The model-state figures")
+    click.echo("  are each strategy's own accounting; in fp32 they match what run.json measures (BENCHMARKS.md).")
+
+
+@click.command()
+@click.option("--config", "config_file", metavar="FILE", help="YAML job config (defaults < file < flags < --set).")
+@click.option("--model", "model", metavar="PATH", help="A save_pretrained directory or config.json (default: the job's model).")
+@click.option("--num-processes", type=int, metavar="N", help="Processes per machine (default: the job's, or one per GPU, or 1).")
+@click.option("--num-machines", type=int, metavar="N", help="Machines taking part.")
+@click.option("--micro-batch-size", type=int, metavar="N", help="Sequences per process per micro-batch (for the activations).")
+@click.option("--mixed-precision", type=click.Choice(["auto", "no", "bf16", "fp16"]), help="auto: bf16 where native here, else fp32.")
+@click.option("--set", "sets", multiple=True, metavar="KEY.PATH=VALUE", help="Set any config key (repeatable), e.g. data.seq_len=2048.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes).")
+@click.pass_context
+def plan(ctx: click.Context, model: str | None, as_json: bool, **params: Any) -> None:
+    """Per-rank memory of the job under every installed strategy and preset, before running it.
+
+    Parameters, gradients, optimizer state (each strategy's own accounting, exact for what
+    it holds at rest), an estimate of the activations for the configured micro-batch and
+    sequence length, and the total. The model is counted on the meta device: nothing is
+    allocated, so any size can be planned on a laptop.
+
+    \b
+      acc-train plan --num-processes 8 --mixed-precision bf16
+      acc-train plan --model ./my-model --set data.seq_len=2048 --micro-batch-size 4
+    """
+    from acc_train_cli.main import _user_errors
+
+    _user_errors(_plan)(ctx, model, as_json, params)
+
+
+def _plan(ctx: click.Context, model: str | None, as_json: bool, params: dict[str, Any]) -> None:
+    from acc_train.config import load_job
+
+    from acc_train_cli.main import FLAG_KEYS, _report_plugin_failures
+
+    merged = {k: (v if v not in (None, ()) else (ctx.obj or {}).get(k)) for k, v in params.items()}
+    for key, value in (ctx.obj or {}).items():  # job flags given before `plan`
+        merged.setdefault(key, value)
+    flags: dict[str, Any] = {}
+    for name, dotted in FLAG_KEYS.items():
+        value = merged.get(name)
+        if value is None or value == ():
+            continue
+        flags[dotted] = (list(value) if isinstance(value, tuple) else value, "--" + name.replace("_", "-"))
+    if model is not None:
+        flags["model.name_or_path"] = (model, "--model")
+    job = load_job(merged.get("config_file"), flags, merged.get("sets") or ())
+    _report_plugin_failures()
+    _check_model_path(job.config.model.name_or_path)
+    data = build_plan(job)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        _print_table(data)
+    sys.stdout.flush()

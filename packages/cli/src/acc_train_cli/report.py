@@ -1,0 +1,31 @@
+"""``acc-train report OUTPUT_DIR``: a run's summary table and its ``report.png``.
+
+The drawing lives in core (:mod:`acc_train.report`), which training also calls when it ends.
+Only click is imported at module level.
+"""
+
+from __future__ import annotations
+
+import click
+
+__all__ = ["report"]
+
+
+@click.command()
+@click.argument("output_dir", metavar="OUTPUT_DIR")
+@click.option("--no-png", is_flag=True, help="Print the summary only; do not draw report.png.")
+def report(output_dir: str, no_png: bool) -> None:
+    """Summarise a run (strategy, world size, steps, tokens/s, losses, checkpoints) and draw
+    OUTPUT_DIR/report.png: loss and eval loss, learning rate and tokens/s against step."""
+    from acc_train_cli.main import _user_errors
+
+    _user_errors(_report)(output_dir, no_png)
+
+
+def _report(output_dir: str, no_png: bool) -> None:
+    from acc_train.report import draw_report, format_summary, read_run
+
+    record = read_run(output_dir)
+    click.echo(format_summary(record))
+    if not no_png:
+        click.echo(f"{'report'.ljust(len('training time'))}  {draw_report(record)}")

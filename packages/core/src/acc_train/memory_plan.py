@@ -1,0 +1,156 @@
+"""Per-rank memory of a job under each strategy, stated before anything is allocated.
+
+``acc-train plan`` asks every installed strategy (:meth:`acc_train.Strategy.plan_memory`) what
+one rank holds of the model state (parameters, gradients, optimizer state) for a model of
+``psi`` parameters on ``N`` ranks, and adds an estimate of the activations. The model is
+counted on the meta device, so planning a 70B model needs no memory for it. The fp32 figures
+are the ones ``run.json`` measures (``per_rank[*].model_state_bytes``, see BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from acc_train.errors import UserError
+
+if TYPE_CHECKING:
+    from acc_train.config import JobConfig
+
+__all__ = [
+    "ACTIVATION_FORMULA",
+    "MemoryPlan",
+    "ModelShape",
+    "PlanInput",
+    "activation_bytes",
+    "model_shape",
+    "replicated",
+]
+
+#: What :func:`activation_bytes` computes, for the table's header.
+ACTIVATION_FORMULA = (
+    "activations (estimate, Korthikanti et al. 2022, no recomputation): "
+    "L*s*b*h*(34 + 5*a*s/h) * (B/2) + 2*s*b*V*4 (the fp32 logits and their log-softmax); "
+    "with activation checkpointing 2*s*b*h*L*(B/2) + one layer's share; B = bytes per activation"
+)
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """What a strategy's accounting depends on."""
+
+    #: psi: the model's parameter elements (trainable ones; all of them for ``from_config``).
+    parameters: int
+    #: N: ranks sharing the model state (processes per machine x machines).
+    world_size: int
+    #: resolved mixed precision: ``no`` (fp32), ``bf16`` or ``fp16``.
+    precision: str
+    #: processes per machine (hybrid sharding shards within a machine).
+    local_world_size: int = 0
+
+    @property
+    def low_precision(self) -> bool:
+        return self.precision in ("bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """One rank's model state under one strategy configuration, in bytes.
+
+    ``offload`` names the parts held in CPU (or NVMe) memory instead of the accelerator's:
+    ``{"optimizer": "cpu"}``. ``formula`` states the total in psi and N, e.g. ``16psi/N``.
+    """
+
+    params: int
+    grads: int
+    optimizer: int
+    formula: str
+    offload: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+    #: activation checkpointing: activations are recomputed in backward, not stored
+    recompute: bool = False
+
+    @property
+    def model_state(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    def on_device(self) -> int:
+        return sum(getattr(self, part) for part in ("params", "grads", "optimizer") if part not in self.offload)
+
+    def offloaded(self) -> int:
+        return self.model_state - self.on_device()
+
+
+def replicated(plan: PlanInput, note: str = "") -> MemoryPlan:
+    """A full replica on every rank (DDP): fp32 parameters and gradients, Adam's two fp32
+    moments stepped in place. Under Accelerate's bf16/fp16 autocast the parameters, gradients
+    and moments stay fp32 (only activations are low precision), so the bytes are the same."""
+    psi = plan.parameters
+    default = "autocast: parameters, gradients and moments stay fp32" if plan.low_precision else ""
+    return MemoryPlan(4 * psi, 4 * psi, 8 * psi, "4psi + 4psi + 8psi = 16psi", note=note or default)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs of a model: its parameter count and, for the activation estimate,
+    its transformer dimensions (None where the config does not say)."""
+
+    name: str
+    parameters: int
+    layers: int | None
+    hidden: int | None
+    heads: int | None
+    vocab: int | None
+
+
+def _first(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def model_shape(config: JobConfig) -> ModelShape:
+    """Count the job's model on the meta device: its config is read, no weight is allocated."""
+    import torch
+    import transformers
+
+    from acc_train.model import model_config
+
+    mcfg = model_config(config)
+    try:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(mcfg, trust_remote_code=config.model.trust_remote_code)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UserError(
+            f"cannot build a causal LM from the config of {config.model.name_or_path!r}: {exc}".splitlines()[0],
+            where="model.name_or_path",
+            hint="acc-train trains AutoModelForCausalLM models",
+        ) from None
+    psi = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return ModelShape(
+        name=config.model.name_or_path or "demo (Llama, byte-level)",
+        parameters=psi,
+        layers=_first(mcfg, "num_hidden_layers", "n_layer", "num_layers"),
+        hidden=_first(mcfg, "hidden_size", "n_embd", "d_model"),
+        heads=_first(mcfg, "num_attention_heads", "n_head", "num_heads"),
+        vocab=_first(mcfg, "vocab_size"),
+    )
+
+
+def activation_bytes(shape: ModelShape, micro_batch: int, seq_len: int, precision: str, recompute: bool = False) -> int | None:
+    """Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer
+    Models", eq. 1: a layer stores s*b*h*(34 + 5*a*s/h) bytes of 16-bit activations without
+    recomputation, halved here per byte of precision. It assumes a 4h GELU MLP and dropout;
+    a Llama layer (SwiGLU, no dropout) differs by some tens of percent. Not sharded by any
+    data-parallel strategy. None when the config lacks the dimensions."""
+    if None in (shape.layers, shape.hidden, shape.heads, shape.vocab):
+        return None
+    s, b, h, a, n_layers, v = seq_len, micro_batch, shape.hidden, shape.heads, shape.layers, shape.vocab
+    scale = 1.0 if precision in ("bf16", "fp16") else 2.0  # the formula counts 2-byte activations
+    per_layer = s * b * h * (34 + 5 * a * s / h) * scale  # type: ignore[operator]
+    logits = 2 * s * b * v * 4  # type: ignore[operator]
+    if recompute:  # only each layer's input is kept, and one layer is live at a time in backward
+        return int(2 * s * b * h * n_layers * scale + per_layer + logits)  # type: ignore[operator]
+    return int(n_layers * per_layer + logits)  # type: ignore[operator]

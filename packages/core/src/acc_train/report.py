@@ -1,0 +1,221 @@
+"""A run's report: a summary table and ``report.png`` (loss, learning rate, throughput by step).
+
+Read from what a run leaves in its output directory (``metrics.jsonl``, ``run.json``,
+``checkpoints/``), so ``acc-train report`` draws it for any run, finished or not, and the
+end of training draws the same one (core's ``builtin`` plugin, on ``acc_train_train_end``).
+matplotlib is imported only when a PNG is drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from acc_train.errors import UserError
+
+__all__ = ["REPORT_PNG", "RunRecord", "read_run", "summary_rows", "format_summary", "draw_report", "write_report"]
+
+REPORT_PNG = "report.png"
+
+
+@dataclass
+class RunRecord:
+    """What a run's output directory says about it."""
+
+    output_dir: Path
+    #: logged training steps (``loss``, ``lr``, ``tokens_per_s``...), in step order
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    #: evaluations (``step``, ``eval_loss``)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    #: ``run.json``, or None for a run that did not finish
+    summary: dict[str, Any] | None = None
+    #: the strategy name from ``config.yaml`` (for a run without run.json)
+    configured_strategy: str | None = None
+    #: (directory name, step, is the latest) of each complete checkpoint
+    checkpoints: list[tuple[str, int | None, bool]] = field(default_factory=list)
+
+
+def read_run(output_dir: str | Path) -> RunRecord:
+    """Read a run's outputs. A directory without ``metrics.jsonl`` is a user error."""
+    out = Path(output_dir)
+    metrics = out / "metrics.jsonl"
+    if not metrics.is_file():
+        what = "does not exist" if not out.exists() else "holds no metrics.jsonl"
+        raise UserError(
+            f"{str(out)!r} {what}, so there is no run to report on",
+            where="report OUTPUT_DIR",
+            hint="give the --output-dir of a run (it writes metrics.jsonl from its first step)",
+        )
+    record = RunRecord(out)
+    for line in metrics.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut short by a crash
+            continue
+        if not isinstance(row, dict) or "step" not in row:
+            continue
+        if "loss" in row:
+            record.steps.append(row)
+        elif "eval_loss" in row:
+            record.evals.append(row)
+    run_json = out / "run.json"
+    if run_json.is_file():
+        try:
+            record.summary = json.loads(run_json.read_text())
+        except ValueError:
+            record.summary = None
+    config = out / "config.yaml"
+    if config.is_file():
+        import yaml
+
+        try:
+            strategy = (yaml.safe_load(config.read_text()) or {}).get("strategy")
+            record.configured_strategy = strategy.get("name") if isinstance(strategy, dict) else strategy
+        except yaml.YAMLError:
+            pass
+    record.checkpoints = _checkpoints(out / "checkpoints")
+    return record
+
+
+def _checkpoints(root: Path) -> list[tuple[str, int | None, bool]]:
+    if not root.is_dir():
+        return []
+    latest_file = root / "latest"
+    latest = latest_file.read_text().strip() if latest_file.is_file() else None
+    found = []
+    for d in sorted(root.glob("step-*")):
+        manifest = d / "manifest.json"
+        if not manifest.is_file():  # incomplete: never resumed from
+            continue
+        try:
+            step = json.loads(manifest.read_text()).get("step")
+        except ValueError:
+            step = None
+        found.append((d.name, step, d.name == latest))
+    return found
+
+
+def _fmt_loss(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
+def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
+    """(key, value) rows of the summary table."""
+    s = record.summary or {}
+    last = record.steps[-1] if record.steps else {}
+    best = min(record.steps, key=lambda r: r["loss"]) if record.steps else None
+    strategy = s.get("strategy") or record.configured_strategy or "-"
+    if s.get("distributed_type"):
+        strategy += f" ({s['distributed_type'].removeprefix('DistributedType.')})"
+    steps = str(s.get("steps", last.get("step", "-")))
+    if s.get("start_step"):
+        steps += f" (resumed at step {s['start_step']})"
+    tokens_per_s = s.get("tokens_per_s", last.get("tokens_per_s"))
+    final_loss = s.get("final_loss", last.get("loss"))
+    eval_row = record.evals[-1] if record.evals else None
+    rows = [
+        ("run", str(record.output_dir) + ("" if record.summary else "  (no run.json: unfinished; figures from metrics.jsonl)")),
+        ("strategy", strategy),
+        ("world size", str(s.get("world_size", "-"))),
+        ("steps", steps),
+        ("tokens/s", f"{tokens_per_s:,.0f}" if isinstance(tokens_per_s, (int, float)) else "-"),
+        ("final loss", _fmt_loss(final_loss)),
+        ("best loss", f"{_fmt_loss(best['loss'])} (step {best['step']})" if best else "-"),
+        ("eval loss", f"{_fmt_loss(eval_row['eval_loss'])} (step {eval_row['step']})" if eval_row else "-"),
+    ]
+    if s.get("elapsed_s") is not None:
+        rows.append(("training time", f"{s['elapsed_s']:.1f} s"))
+    if record.checkpoints:
+        names = [f"{name} (step {step}{', latest' if latest else ''})" for name, step, latest in record.checkpoints]
+        rows.append(("checkpoints", ", ".join(names)))
+    else:
+        rows.append(("checkpoints", "none"))
+    return rows
+
+
+def format_summary(record: RunRecord) -> str:
+    rows = summary_rows(record)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _smoothed(values: list[float], window: int) -> list[float]:
+    """A trailing mean: step-to-step noise hides the trend of a short run's loss."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
+    """Draw loss (and eval loss), learning rate and tokens/s against step into a PNG."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend, Agg draws the file
+
+    target = Path(path) if path is not None else record.output_dir / REPORT_PNG
+    steps = [r["step"] for r in record.steps]
+    fig = Figure(figsize=(10, 9), dpi=110, layout="constrained")
+    ax_loss, ax_lr, ax_tps = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 1, 1])
+    rows = dict(summary_rows(record))
+    fig.suptitle(
+        f"{record.output_dir.name}: {rows['strategy']}, world size {rows['world size']}, {rows['steps']} steps\n"
+        f"final loss {rows['final loss']}, eval loss {rows['eval loss']}, {rows['tokens/s']} tokens/s",
+        fontsize=13,
+    )
+
+    losses = [r["loss"] for r in record.steps]
+    if losses:
+        window = max(1, len(losses) // 25)
+        ax_loss.plot(steps, losses, color="tab:blue", alpha=0.35 if window > 1 else 1.0, lw=1, label="train loss")
+        if window > 1:
+            ax_loss.plot(steps, _smoothed(losses, window), color="tab:blue", lw=2, label=f"train loss, mean of {window} steps")
+        best = min(record.steps, key=lambda r: r["loss"])
+        ax_loss.plot([best["step"]], [best["loss"]], "*", color="tab:red", ms=12, zorder=5, label=f"best {best['loss']:.4f} (step {best['step']})")
+    if record.evals:
+        ax_loss.plot(
+            [r["step"] for r in record.evals], [r["eval_loss"] for r in record.evals],
+            "o-", color="tab:orange", lw=1.5, ms=6, label="eval loss",
+        )  # fmt: skip
+    for name, step, _ in record.checkpoints:
+        if step is not None:
+            ax_loss.axvline(step, color="gray", lw=0.8, ls=":", zorder=0)
+    if record.checkpoints:
+        ax_loss.plot([], [], color="gray", lw=0.8, ls=":", label="checkpoint")
+    ax_loss.set_ylabel("loss (cross-entropy)")
+    ax_loss.set_title("Loss", loc="left", fontsize=11)
+    ax_loss.legend(loc="upper right", fontsize=9)
+
+    lrs = [(r["step"], r["lr"]) for r in record.steps if isinstance(r.get("lr"), (int, float))]
+    if lrs:
+        ax_lr.plot(*zip(*lrs), color="tab:green", lw=1.8)
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    ax_lr.set_title("Learning rate", loc="left", fontsize=11)
+
+    tps = [(r["step"], r["tokens_per_s"]) for r in record.steps if isinstance(r.get("tokens_per_s"), (int, float))]
+    if tps:
+        ax_tps.plot(*zip(*tps), color="tab:purple", lw=1.8)
+        ax_tps.set_ylim(bottom=0)
+    ax_tps.set_ylabel("tokens/s")
+    ax_tps.set_xlabel("optimizer step")
+    ax_tps.set_title("Throughput (mean since the run started)", loc="left", fontsize=11)
+
+    for ax in (ax_loss, ax_lr, ax_tps):
+        ax.grid(True, alpha=0.3)
+        ax.spines[["top", "right"]].set_visible(False)
+    if steps:
+        ax_tps.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+    tmp = target.with_name(target.name + ".tmp")
+    fig.savefig(tmp, format="png")
+    tmp.replace(target)
+    return target
+
+
+def write_report(output_dir: str | Path) -> Path:
+    """Read the run in ``output_dir`` and draw its ``report.png``."""
+    return draw_report(read_run(output_dir))

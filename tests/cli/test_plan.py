@@ -1,0 +1,122 @@
+"""`acc-train plan`: per-rank memory under every installed strategy, counted without building
+the model, with the fp32 formulas BENCHMARKS.md measured and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+DEMO_PSI = 1_426_752  # the demo model, as run.json counts it (BENCHMARKS.md)
+
+
+def plan_json(*args: str) -> dict:
+    proc = run_cli("plan", "--json", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    data["by_label"] = {r["label"]: r for r in data["rows"]}
+    return data
+
+
+@pytest.fixture(scope="module")
+def demo_fp32() -> dict:
+    return plan_json("--num-processes", "4", "--mixed-precision", "no")
+
+
+def test_every_installed_strategy_and_preset_has_a_row(demo_fp32: dict) -> None:
+    assert demo_fp32["parameters"] == DEMO_PSI and demo_fp32["world_size"] == 4
+    assert {"ddp", "fsdp1", "fsdp2", "fsdp-offload", "fsdp1-shard_grad_op", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"} <= set(
+        demo_fp32["by_label"]
+    )
+    assert [r["label"] for r in demo_fp32["rows"] if r["job"]] == ["ddp"]  # the job's own strategy is marked
+
+
+@pytest.mark.parametrize(
+    ("label", "bytes_per_param"),
+    [
+        ("ddp", 16),
+        ("fsdp2", 16 / 4),
+        ("fsdp1", 16 / 4),
+        ("fsdp1-shard_grad_op", 4 + 16 / 4),  # the gathered parameters live from forward to backward
+        ("zero1", 8 + 12 / 4),
+        ("zero3", 20 / 4),
+        ("zero2", 8 + 12 / 4),  # the demo model fits one default reduce bucket: every gradient at once, as measured
+    ],
+)
+def test_fp32_model_state_follows_the_measured_formulas(demo_fp32: dict, label: str, bytes_per_param: float) -> None:
+    row = demo_fp32["by_label"][label]
+    assert row["model_state"] == pytest.approx(bytes_per_param * DEMO_PSI, rel=1e-5)
+    assert row["model_state"] == row["params"] + row["grads"] + row["optimizer"]
+    assert row["formula"]
+
+
+def test_zero2_with_a_small_bucket_partitions_gradients() -> None:
+    data = plan_json("--num-processes", "4", "--mixed-precision", "no", "--set", "strategy.name=zero2", "--set", "strategy.reduce_bucket_size=50000")
+    row = data["by_label"]["zero2 (this job)"]
+    assert row["job"] and row["grads"] == 4 * (DEMO_PSI // 4 + 50_000)
+
+
+def test_offload_moves_state_out_of_the_device_total(demo_fp32: dict) -> None:
+    zero2, off2 = demo_fp32["by_label"]["zero2"], demo_fp32["by_label"]["zero2-offload"]
+    assert off2["offload"] == {"optimizer": "cpu", "grads": "cpu"}
+    assert off2["offloaded"] == off2["optimizer"] + off2["grads"]
+    assert off2["device_total"] == zero2["device_total"] - off2["offloaded"]
+    off3 = demo_fp32["by_label"]["zero3-offload"]
+    assert set(off3["offload"]) == {"params", "grads", "optimizer"} and off3["device_total"] == off3["activations"]
+    assert demo_fp32["by_label"]["fsdp-offload"]["offloaded"] == demo_fp32["by_label"]["fsdp2"]["model_state"]
+
+
+def test_activations_are_an_estimate_for_the_configured_batch(demo_fp32: dict) -> None:
+    ddp = demo_fp32["by_label"]["ddp"]
+    assert ddp["activations"] > 0 and ddp["device_total"] == ddp["model_state"] + ddp["activations"]
+    doubled = plan_json("--num-processes", "4", "--mixed-precision", "no", "--micro-batch-size", "16")["by_label"]["ddp"]
+    assert doubled["activations"] == pytest.approx(2 * ddp["activations"], rel=0.01)
+    assert doubled["model_state"] == ddp["model_state"]
+    assert "Korthikanti" in demo_fp32["activation_formula"]
+
+
+def test_bf16_uses_mixed_precision_accounting() -> None:
+    rows = plan_json("--num-processes", "4", "--mixed-precision", "bf16")["by_label"]
+    assert rows["ddp"]["model_state"] == 16 * DEMO_PSI  # autocast keeps fp32 parameters, gradients, moments
+    assert rows["fsdp2"]["model_state"] == pytest.approx(16 * DEMO_PSI / 4, rel=1e-5)
+    assert rows["zero3"]["model_state"] == pytest.approx(16 * DEMO_PSI / 4, rel=1e-5)  # the paper's (2 + 2 + 12) psi / N
+    assert rows["zero1"]["model_state"] == pytest.approx(4 * DEMO_PSI + 12 * DEMO_PSI / 4, rel=1e-5)
+
+
+def test_the_table_states_formulas_and_what_is_estimated() -> None:
+    proc = run_cli("plan", "--num-processes", "2", "--mixed-precision", "no")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "psi = 1,426,752 parameters; N = 2" in out
+    for text in ("16psi/N", "4psi + 4psi + 8psi = 16psi", "20psi/N", "(cpu)", "estimate", "activations"):
+        assert text in out, text
+
+
+def test_a_7b_model_is_planned_without_allocating_it(tmp_path: Path) -> None:
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    data = plan_json("--model", str(tmp_path), "--num-processes", "8", "--mixed-precision", "bf16", "--set", "data.seq_len=2048")
+    assert data["parameters"] == 6_738_415_616  # Llama-2-7B
+    assert data["by_label"]["zero3"]["model_state"] == pytest.approx(16 * 6_738_415_616 / 8, rel=1e-6)
+    also = plan_json("--model", str(tmp_path / "config.json"), "--num-processes", "8")  # the config file itself
+    assert also["parameters"] == 6_738_415_616
+
+
+def test_a_model_path_without_a_config_is_exit_2(tmp_path: Path) -> None:
+    proc = run_cli("plan", "--model", str(tmp_path))
+    assert proc.returncode == 2
+    assert "has no config.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_fewer_than_one_process_is_exit_2(n: str) -> None:
+    proc = run_cli("plan", "--num-processes", n)
+    assert proc.returncode == 2
+    assert "launch.num_processes" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,75 @@
+"""`acc-train report OUTPUT_DIR`: the summary a user reads and the PNG they look at, from a
+run's files alone."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def summary_of(stdout: str) -> dict[str, str]:
+    """The summary table's rows: key, two or more spaces, value."""
+    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in stdout.splitlines() if line.strip())
+
+
+def fake_run(out: Path, finished: bool = True) -> Path:
+    out.mkdir(parents=True)
+    lines = []
+    for step in range(1, 31):
+        lines.append({"step": step, "epoch": 0, "loss": 5.0 - step * 0.1, "lr": 1e-3 * min(1, step / 5), "grad_norm": 1.0, "tokens": step * 512, "tokens_per_s": 900.0 + step, "elapsed_s": step * 0.5})
+        if step % 10 == 0:
+            lines.append({"step": step, "eval_loss": 4.5 - step * 0.05})
+    (out / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 31, "lo')  # a line cut short
+    (out / "config.yaml").write_text("strategy:\n  name: zero3\n")
+    for step in (20, 30):
+        d = out / "checkpoints" / f"step-{step:06d}"
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({"step": step}))
+    (out / "checkpoints" / ".staging-step-000040").mkdir()
+    (out / "checkpoints" / "latest").write_text("step-000030\n")
+    if finished:
+        summary = {"strategy": "zero3", "distributed_type": "DistributedType.DEEPSPEED", "world_size": 2, "steps": 30, "start_step": 0,
+                   "final_loss": 2.0, "best_loss": 2.0, "final_eval_loss": 3.0, "tokens_per_s": 930.5, "elapsed_s": 15.0}  # fmt: skip
+        (out / "run.json").write_text(json.dumps(summary))
+    return out
+
+
+def test_report_prints_the_summary_and_draws_the_png(tmp_path: Path) -> None:
+    out = fake_run(tmp_path / "run")
+    proc = run_cli("report", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = summary_of(proc.stdout)
+    assert rows["strategy"] == "zero3 (DEEPSPEED)" and rows["world size"] == "2" and rows["steps"] == "30"
+    assert rows["tokens/s"] == "930" and rows["final loss"] == "2.0000"
+    assert rows["best loss"] == "2.0000 (step 30)" and rows["eval loss"] == "3.0000 (step 30)"
+    assert rows["checkpoints"] == "step-000020 (step 20), step-000030 (step 30, latest)"  # complete ones only
+    png = out / "report.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 30_000  # three panels with lines, not an empty canvas
+    assert not list(out.glob("*.tmp"))
+
+
+def test_an_unfinished_run_is_reported_from_its_metrics(tmp_path: Path) -> None:
+    out = fake_run(tmp_path / "run", finished=False)
+    proc = run_cli("report", str(out), "--no-png")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = summary_of(proc.stdout)
+    assert "unfinished" in rows["run"] and rows["strategy"] == "zero3" and rows["steps"] == "30"
+    assert rows["tokens/s"] == "930" and rows["world size"] == "-"  # the last logged mean; the size is in run.json only
+    assert not (out / "report.png").exists()
+
+
+@pytest.mark.parametrize("make", [False, True])
+def test_a_directory_without_metrics_is_exit_2(tmp_path: Path, make: bool) -> None:
+    target = tmp_path / "nothing"
+    if make:
+        target.mkdir()
+    proc = run_cli("report", str(target))
+    assert proc.returncode == 2
+    assert "metrics.jsonl" in proc.stderr or "does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
