@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from acc_train.testing.runs import WORDS, save_tiny_model
+
 ROOT = Path(__file__).resolve().parent.parent
 
-WORDS = (
-    "the quick brown fox jumps over a lazy dog while seven small models train on two tiny "
-    "processes and every step must match exactly after resume with the same batches"
-).split()
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -49,34 +47,8 @@ def read_metrics(out: Path) -> dict[int, dict]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiniest Llama and a word-level tokenizer, saved with save_pretrained."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    path = tmp_path_factory.mktemp("tiny-model")
-    vocab = {"[UNK]": 0, "[EOS]": 1, **{w: i + 2 for i, w in enumerate(dict.fromkeys(WORDS))}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]")
-    fast.save_pretrained(path)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        attention_dropout=0.1,  # dropout makes exact resume depend on restoring the RNG exactly
-        eos_token_id=1,
-        bos_token_id=None,
-        pad_token_id=None,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+    """The tiniest Llama and a word-level tokenizer, saved with save_pretrained (the kit's)."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ Only click is imported at module level; nothing here loads torch.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import sys
@@ -21,29 +20,15 @@ from typing import Any
 
 import click
 
+from acc_train_cli.errors import user_errors
+
 __all__ = ["config_group", "run_wizard", "save_config"]
 
-EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 1
 
 HEADER = "# acc-train config, written by `acc-train config`; `acc-train` reads it when no --config is given.\n"
 
 
-def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Mistakes in the user's input: one message, exit 2, no traceback (as in main.py, which
-    imports this module, so it cannot be imported from there)."""
-
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from acc_train.errors import UserError
-
-        try:
-            return f(*args, **kwargs)
-        except UserError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(EXIT_USER_ERROR)
-
-    return wrapper
 
 
 # ----------------------------------------------------------------------------------------
@@ -241,7 +226,7 @@ def config_group(ctx: click.Context, assume_yes: bool, config_file: str | None) 
     _wizard(assume_yes, config_file)
 
 
-@_user_errors
+@user_errors
 def _wizard(assume_yes: bool, config_file: str | None) -> None:
     from acc_train.config import default_config_file
 
@@ -258,7 +243,7 @@ def _wizard(assume_yes: bool, config_file: str | None) -> None:
 
 
 @config_group.command("schema")
-@_user_errors
+@user_errors
 def config_schema() -> None:
     """Print a JSON Schema of the whole config, with every installed strategy's options."""
     from acc_train.config_schema import job_json_schema
@@ -268,7 +253,7 @@ def config_schema() -> None:
 
 @config_group.command("validate")
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
-@_user_errors
+@user_errors
 def config_validate(file: str | None) -> None:
     """Check FILE (default: the default config file) and list every problem; exit 2 if any."""
     from acc_train.config import check_config_file, default_config_file

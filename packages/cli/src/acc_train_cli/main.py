@@ -6,7 +6,6 @@ torch or accelerate.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -16,11 +15,12 @@ from typing import Any
 
 import click
 
+from acc_train_cli.errors import EXIT_USER_ERROR, user_errors
+
 from acc_train_cli.config_cmd import config_group
 
 __all__ = ["cli", "main"]
 
-EXIT_USER_ERROR = 2
 
 #: flag -> (click param name, dotted config key)
 FLAG_KEYS: dict[str, str] = {
@@ -83,20 +83,6 @@ def _options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Mistakes in the user's input: one message, exit 2, no traceback."""
-
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from acc_train.errors import UserError
-
-        try:
-            return f(*args, **kwargs)
-        except UserError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(EXIT_USER_ERROR)
-
-    return wrapper
 
 
 def _resolve(params: dict[str, Any]) -> Any:
@@ -145,7 +131,7 @@ def cli(ctx: click.Context, print_config: bool, **params: Any) -> None:
     _train(params, print_config)
 
 
-@_user_errors
+@user_errors
 def _train(params: dict[str, Any], print_config: bool) -> None:
     job = _resolve(params)
     if print_config:
@@ -198,7 +184,7 @@ def _run_workers(section: Any, args: list[str], env: dict[str, str]) -> None:
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-@_user_errors
+@user_errors
 def launch(ctx: click.Context, script: str, script_args: tuple[str, ...], **params: Any) -> None:
     """Run your own Accelerate script under the chosen strategy.
 
@@ -229,7 +215,7 @@ def launch(ctx: click.Context, script: str, script_args: tuple[str, ...], **para
 
 
 @cli.command()
-@_user_errors
+@user_errors
 def strategies() -> None:
     """List installed strategies with their presets and packages."""
     from acc_train.plugins import plugin_infos, strategies as registry
@@ -249,7 +235,7 @@ def strategies() -> None:
 
 
 @cli.command()
-@_user_errors
+@user_errors
 def plugins() -> None:
     """Print loaded plugins, their hooks and what they registered, as JSON."""
     from acc_train.plugins import checkpoint_formats, plugin_failures, plugin_infos, strategies as s_reg, wrap_policies
@@ -283,7 +269,7 @@ def checkpoint() -> None:
 @checkpoint.command("inspect")
 @click.argument("path")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@_user_errors
+@user_errors
 def checkpoint_inspect(path: str, as_json: bool) -> None:
     """What a checkpoint's manifest says, and whether its files match it (exit 2 if not)."""
     from acc_train.checkpoint_tools import inspect_checkpoint
@@ -315,7 +301,7 @@ def checkpoint_inspect(path: str, as_json: bool) -> None:
 @click.option("--to", "to", required=True, metavar="FORMAT", help="Target format: dcp or deepspeed.")
 @click.option("--world-size", type=int, metavar="N", help="World size the converted checkpoint is for (default: the writer's).")
 @click.argument("out")
-@_user_errors
+@user_errors
 def checkpoint_convert(path: str, to: str, world_size: int | None, out: str) -> None:
     """Write PATH's state as a checkpoint in another format, at OUT (a new directory)."""
     from acc_train.checkpoint_tools import convert_checkpoint
@@ -328,7 +314,7 @@ def checkpoint_convert(path: str, to: str, world_size: int | None, out: str) -> 
 @click.argument("path")
 @click.option("--to", "to", required=True, metavar="FORMAT", help="Export format: hf (a save_pretrained directory).")
 @click.argument("out")
-@_user_errors
+@user_errors
 def checkpoint_export(path: str, to: str, out: str) -> None:
     """Write PATH's model as a transformers save_pretrained directory (safetensors) at OUT."""
     from acc_train.checkpoint_tools import export_checkpoint

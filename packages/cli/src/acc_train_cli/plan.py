@@ -178,9 +178,9 @@ def plan(ctx: click.Context, model: str | None, as_json: bool, **params: Any) ->
       acc-train plan --num-processes 8 --mixed-precision bf16
       acc-train plan --model ./my-model --set data.seq_len=2048 --micro-batch-size 4
     """
-    from acc_train_cli.main import _user_errors
+    from acc_train_cli.errors import user_errors
 
-    _user_errors(_plan)(ctx, model, as_json, params)
+    user_errors(_plan)(ctx, model, as_json, params)
 
 
 def _plan(ctx: click.Context, model: str | None, as_json: bool, params: dict[str, Any]) -> None:

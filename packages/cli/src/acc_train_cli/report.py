@@ -17,9 +17,9 @@ __all__ = ["report"]
 def report(output_dir: str, no_png: bool) -> None:
     """Summarise a run (strategy, world size, steps, tokens/s, losses, checkpoints) and draw
     OUTPUT_DIR/report.png: loss and eval loss, learning rate and tokens/s against step."""
-    from acc_train_cli.main import _user_errors
+    from acc_train_cli.errors import user_errors
 
-    _user_errors(_report)(output_dir, no_png)
+    user_errors(_report)(output_dir, no_png)
 
 
 def _report(output_dir: str, no_png: bool) -> None:

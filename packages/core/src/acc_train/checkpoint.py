@@ -221,17 +221,24 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def write_portable_state(directory: Path, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+def write_portable_state(
+    directory: Path, model_state: dict[str, Any], optim_state: dict[str, Any], process_group: Any = None, asynchronous: bool = False
+) -> Any:
     """Write name-keyed model and optimizer tensors as DCP safetensors shards. Collective:
     every rank calls it with its own (possibly sharded) tensors; replicated tensors are
-    written once. Only tensors go in: param groups come from the job's config on resume."""
+    written once. Only tensors go in: param groups come from the job's config on resume.
+    ``asynchronous``: return once the tensors are staged, with a future for the writes."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
     writer = HuggingFaceStorageWriter(str(directory / PORTABLE_DIR), save_distributed=_distributed())
+    state = {"model": model_state, "optim": {"state": optim_state}}
     with warnings.catch_warnings():  # one process: DCP says it assumes one process, which is right
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save({"model": model_state, "optim": {"state": optim_state}}, storage_writer=writer)
+        if asynchronous:
+            return dcp.async_save(state, storage_writer=writer, process_group=process_group)
+        dcp.save(state, storage_writer=writer, process_group=process_group)
+    return None
 
 
 def read_portable_state(directory: Path, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
@@ -289,15 +296,10 @@ class DCPFormat(CheckpointFormat):
     supports_async = True
 
     def save_async(self, accelerator: Accelerator, model: Any, optimizer: Any, directory: Path, process_group: Any) -> Any:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint import HuggingFaceStorageWriter
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         msd, osd = get_state_dict(model, torch_optimizer(optimizer))
-        writer = HuggingFaceStorageWriter(str(directory / PORTABLE_DIR), save_distributed=_distributed())
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            return dcp.async_save({"model": msd, "optim": {"state": osd["state"]}}, storage_writer=writer, process_group=process_group)
+        return write_portable_state(directory, msd, osd["state"], process_group=process_group, asynchronous=True)
 
     def load(self, accelerator: Accelerator, model: Any, optimizer: Any, directory: Path) -> None:
         load_portable_into(model, optimizer, directory)

@@ -72,11 +72,16 @@ def model_config(config: JobConfig) -> Any:
         if llama.vocab_size < 256 and not config.model.tokenizer:
             raise UserError("the demo model reads bytes: vocab_size must be at least 256", where="model.config.vocab_size")
         return llama
+    return _from_pretrained(transformers.AutoConfig, mcfg, "the config of model")
+
+
+def _from_pretrained(loader: Any, mcfg: Any, what: str) -> Any:
+    """``loader.from_pretrained(model.name_or_path)``, a missing or unreadable model as a UserError."""
     try:
-        return transformers.AutoConfig.from_pretrained(mcfg.name_or_path, trust_remote_code=mcfg.trust_remote_code)
+        return loader.from_pretrained(mcfg.name_or_path, trust_remote_code=mcfg.trust_remote_code)
     except OSError as exc:
         raise UserError(
-            f"cannot load the config of model {mcfg.name_or_path!r}: {exc}".splitlines()[0],
+            f"cannot load {what} {mcfg.name_or_path!r}: {exc}".splitlines()[0],
             where="model.name_or_path",
             hint="use a local save_pretrained directory, or a hub id with network access",
         ) from None
@@ -88,14 +93,7 @@ def build_model(config: JobConfig) -> Any:
     mcfg = config.model
     if mcfg.name_or_path is None:
         return transformers.LlamaForCausalLM(model_config(config))
-    try:
-        return transformers.AutoModelForCausalLM.from_pretrained(mcfg.name_or_path, trust_remote_code=mcfg.trust_remote_code)
-    except OSError as exc:
-        raise UserError(
-            f"cannot load model {mcfg.name_or_path!r}: {exc}".splitlines()[0],
-            where="model.name_or_path",
-            hint="use a local save_pretrained directory, or a hub id with network access",
-        ) from None
+    return _from_pretrained(transformers.AutoModelForCausalLM, mcfg, "model")
 
 
 def load_tokenizer(mcfg: ModelConfig) -> Any | None:

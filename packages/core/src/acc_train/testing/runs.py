@@ -17,13 +17,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["KIT_STEPS", "KIT_RESUME_STEP", "KitAssets", "KitLaunchError", "KitRuns", "build_tiny_assets", "kit_group"]
+__all__ = ["KIT_STEPS", "KIT_RESUME_STEP", "WORDS", "KitAssets", "KitLaunchError", "KitRuns", "build_tiny_assets", "kit_group", "save_tiny_model"]
 
 #: optimizer steps of the kit's job; it checkpoints at the middle and at the end
 KIT_STEPS = 12
 KIT_RESUME_STEP = 6
 
-_WORDS = (
+WORDS = (
     "the quick brown fox jumps over a lazy dog while seven small models train on two tiny "
     "processes and every step must match exactly after resume with the same batches"
 ).split()
@@ -40,16 +40,15 @@ class KitAssets:
     eval_file: Path
 
 
-def build_tiny_assets(root: Path) -> KitAssets:
-    """The tiniest Llama (1 layer, hidden size 32) with a word-level tokenizer, saved with
-    ``save_pretrained``, and jsonl word salad over its vocabulary: about 7 optimizer steps an
-    epoch at 2 ranks x 4 sequences of 16 tokens, so the kit's job crosses an epoch."""
+def save_tiny_model(model_dir: Path) -> Path:
+    """The tiniest Llama (1 layer, hidden size 32, attention dropout on, so an exact resume
+    must restore every rank's RNG) and a word-level tokenizer over :data:`WORDS`, saved with
+    ``save_pretrained`` into ``model_dir``."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    model_dir = root / "tiny-model"
-    vocab = {"[UNK]": 0, "[EOS]": 1, **{w: i + 2 for i, w in enumerate(dict.fromkeys(_WORDS))}}
+    vocab = {"[UNK]": 0, "[EOS]": 1, **{w: i + 2 for i, w in enumerate(dict.fromkeys(WORDS))}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]").save_pretrained(model_dir)
@@ -63,19 +62,26 @@ def build_tiny_assets(root: Path) -> KitAssets:
         num_key_value_heads=2,
         max_position_embeddings=64,
         tie_word_embeddings=False,
-        attention_dropout=0.1,  # a resume must restore every rank's RNG to reproduce dropout
+        attention_dropout=0.1,
         eos_token_id=1,
         bos_token_id=None,
         pad_token_id=None,
     )
     LlamaForCausalLM(config).save_pretrained(model_dir)
+    return model_dir
+
+
+def build_tiny_assets(root: Path) -> KitAssets:
+    """:func:`save_tiny_model` and jsonl word salad over its vocabulary: about 7 optimizer
+    steps an epoch at 2 ranks x 4 sequences of 16 tokens, so the kit's job crosses an epoch."""
+    model_dir = save_tiny_model(root / "tiny-model")
     rng = random.Random(0)
     files = {}
     for split, n in (("train", 60), ("eval", 40)):
         path = root / f"{split}.jsonl"
         with path.open("w") as f:
             for _ in range(n):
-                f.write(json.dumps({"text": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 24)))}) + "\n")
+                f.write(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 24)))}) + "\n")
         files[split] = path
     return KitAssets(model_dir, files["train"], files["eval"])
 

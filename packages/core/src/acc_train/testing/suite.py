@@ -7,7 +7,6 @@ Each test takes ``acc_train_strategy_name`` (parametrized by the kit's pytest pl
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import subprocess
@@ -53,14 +52,6 @@ def _strategy(name: str) -> tuple[Any, Any]:
     plugins.reset()  # see the installed plugins, not what another test registered in-process
     strategy = plugins.strategies().get(name)
     return strategy, strategy.parse_options(strategy.presets.get(name, {}))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class TestStrategyConformance:
@@ -179,7 +170,8 @@ class TestStrategyConformance:
 
     @pytest.mark.launch
     def test_checkpoints_carry_a_valid_manifest(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
-        from acc_train import plugins
+        from acc_train import UserError, plugins
+        from acc_train.checkpoint import verify_checkpoint
 
         name = acc_train_strategy_name
         strategy, options = _strategy(name)
@@ -194,15 +186,10 @@ class TestStrategyConformance:
             assert manifest["format"] == fmt, f"step {step}: manifest format {manifest['format']!r}, strategy says {fmt!r}"
             assert manifest["step"] == step and manifest["world_size"] == 2, manifest
             assert manifest["strategy"] == name
-            listed = manifest["files"]
-            on_disk = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()} - {"manifest.json"}
-            assert set(listed) == on_disk, (
-                f"step {step}: files not in the manifest {sorted(on_disk - set(listed))}, "
-                f"listed but missing {sorted(set(listed) - on_disk)} (write everything inside save())"
-            )
-            for rel, entry in listed.items():
-                path = directory / rel
-                assert path.stat().st_size == entry["size"] and _sha256(path) == entry["sha256"], f"{rel} changed after the manifest"
+            try:  # every file listed, none unlisted, sizes and sha256 as written
+                verify_checkpoint(directory)
+            except UserError as exc:
+                pytest.fail(f"step {step}: {exc} (write everything inside save())")
 
     @pytest.mark.launch
     def test_losses_match_ddp_where_declared_equivalent(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
