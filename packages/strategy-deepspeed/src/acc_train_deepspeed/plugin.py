@@ -9,7 +9,8 @@ from typing import Any
 from acc_train import Question, Strategy, hookimpl
 from acc_train.checkpoint import CheckpointFormat
 from acc_train_deepspeed.config import from_accelerate_section
-from acc_train_deepspeed.strategy import DeepSpeedCheckpointFormat, DeepSpeedStrategy
+from acc_train_deepspeed.checkpoint import DeepSpeedCheckpointFormat
+from acc_train_deepspeed.strategy import DeepSpeedStrategy
 
 
 @hookimpl

@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 
 from acc_train import Machine, Strategy, StrategyOptions, UserError
-from acc_train.checkpoint import CheckpointFormat
-from acc_train.model_state import ModelStateMeter, local_nbytes
+from acc_train.model_state import ModelStateMeter
 from acc_train_deepspeed.config import load_ds_config
 
 if TYPE_CHECKING:
     from acc_train.memory_plan import MemoryPlan, PlanInput
 
-__all__ = ["DeepSpeedOptions", "DeepSpeedStrategy", "DeepSpeedCheckpointFormat", "ZeroMeter"]
+__all__ = ["DeepSpeedOptions", "DeepSpeedStrategy"]
 
 Offload = Literal["none", "cpu", "nvme"]
 
@@ -176,6 +175,8 @@ class DeepSpeedStrategy(Strategy):
 
     def model_state_meter(self, accelerator: Any, model: Any, optimizer: Any) -> ModelStateMeter | None:
         """ZeRO keeps its state in its own flat partitions, not in the torch optimizer."""
+        from acc_train_deepspeed.meter import ZeroMeter
+
         return ZeroMeter(model)
 
     def summary(self, accelerator: Any, options: StrategyOptions) -> dict[str, Any]:
@@ -234,223 +235,3 @@ class DeepSpeedStrategy(Strategy):
             offload["params"] = options.offload_param
             notes.append(f"parameter partitions in {options.offload_param.upper()} memory, gathered to the accelerator per layer")
         return MemoryPlan(params, grads, optim, formula, offload=offload, note="; ".join(notes))
-
-
-class DeepSpeedCheckpointFormat(CheckpointFormat):
-    """DeepSpeed's own per-rank files (``engine.save_checkpoint``), plus the portable state.
-
-    DeepSpeed writes its files with ``torch.save`` and reads them with ``torch.load``: they are
-    pickles, read only by DeepSpeed's own loader, only after the manifest's sha256 of every file
-    has been checked. They serve a resume under the same ZeRO stage and world size. Beside
-    them, ``state/`` holds the portable state (the fp32 weights and Adam moments gathered per
-    parameter, keyed by name, as safetensors): any other strategy or world size resumes from
-    that, and this format resumes from any other strategy's portable state."""
-
-    name = "deepspeed"
-    description = "DeepSpeed's own per-rank files, plus the portable state (safetensors) for other strategies"
-    writes_portable = True
-
-    def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
-        from acc_train.checkpoint import write_portable_state
-
-        model.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
-        weights, moments = _gather_portable(model)
-        write_portable_state(directory, weights, moments)
-
-    def load(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
-        if not (directory / "deepspeed").is_dir():  # e.g. converted to the portable state alone
-            self.load_portable(accelerator, model, optimizer, directory)
-            return
-        path, _ = model.load_checkpoint(str(directory / "deepspeed"), tag="state", load_optimizer_states=True, load_lr_scheduler_states=False)
-        if path is None:
-            raise UserError(f"DeepSpeed found no checkpoint in {directory / 'deepspeed'}", where="--resume")
-
-    def load_portable(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
-        _scatter_portable(model, directory)
-
-
-#: Adam's per-parameter state, as torch's AdamW names it
-MOMENTS = ("exp_avg", "exp_avg_sq")
-
-
-def _full_shape(p: Any) -> Any:
-    return p.ds_shape if hasattr(p, "ds_shape") else p.shape
-
-
-def _names_by_param(module: Any) -> list[tuple[str, list[str], Any]]:
-    """(first name, every name, parameter): tied parameters appear once, under all their names."""
-    seen: dict[int, tuple[str, list[str], Any]] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            seen[id(p)][1].append(name)
-        else:
-            seen[id(p)] = (name, [name], p)
-    return list(seen.values())
-
-
-def _ensure_adam_state(engine: Any) -> None:
-    """Before the first step the torch optimizer has no state for ZeRO's flat partitions:
-    create AdamW's (step, exp_avg, exp_avg_sq), as its first step would, to be filled."""
-    import torch
-
-    zero = engine.optimizer
-    flats = zero.fp32_partitioned_groups_flat if engine.zero_optimization_stage() == 3 else zero.single_partition_of_fp32_groups
-    for flat in flats:
-        state = zero.optimizer.state[flat]
-        if not state:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(flat, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(flat, memory_format=torch.preserve_format)
-
-
-def _link_optimizer_state(engine: Any) -> None:
-    """Stages 1-2: point every parameter's fragment at its group's optimizer state. DeepSpeed
-    links them once, after the first group's first step, so the later groups' fragments (here
-    the norms' no-decay group) stay empty and ``safe_get_full_optimizer_state`` fails on them
-    (DeepSpeed 0.19.8)."""
-    if engine.zero_optimization_stage() == 3:
-        return
-    from deepspeed.utils.mixed_precision_linkage import lazy_init_hp_params_optimizer_state
-
-    zero = engine.optimizer
-    for i, flat in enumerate(zero.single_partition_of_fp32_groups):
-        if flat in zero.optimizer.state:
-            lazy_init_hp_params_optimizer_state(zero.bit16_groups[i], flat, zero.optimizer.state)
-
-
-def _adam_step(zero: Any) -> float:
-    steps = [float(s["step"]) for s in zero.optimizer.state.values() if "step" in s]
-    return max(steps) if steps else 0.0
-
-
-def _gather_portable(engine: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every parameter's fp32 weight and Adam moments, whole, keyed by name (collective:
-    DeepSpeed all-gathers each from the ranks' partitions)."""
-    import torch
-    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-
-    _link_optimizer_state(engine)
-    step = torch.tensor(_adam_step(engine.optimizer), dtype=torch.float32)
-    weights: dict[str, Any] = {}
-    moments: dict[str, Any] = {}
-    for first, names, p in _names_by_param(engine.module):
-        full = safe_get_full_fp32_param(p) if p.requires_grad else None
-        if full is None:  # frozen: not in the optimizer, the module holds it (whole below stage 3)
-            full = p.detach()
-        full = full.detach().cpu().float().reshape(_full_shape(p))
-        for name in names:
-            weights[name] = full
-        if p.requires_grad:
-            moments[first] = {"step": step.clone(), **{k: safe_get_full_optimizer_state(p, k).detach().cpu().reshape(_full_shape(p)) for k in MOMENTS}}
-    return weights, moments
-
-
-def _set_partition(zero: Any, p: Any, value: Any, key: str | None) -> None:
-    """Stage 3: this rank's slice of ``value`` into its fp32 partition (of the weight, or of an
-    optimizer state), padding included, which DeepSpeed's public setter does not allow."""
-    part, _ = zero._get_fp32_opt_state_partition(p, release_swap_buffers=False, optim_state_key=key)
-    flat = value.flatten().to(part.dtype)
-    start = part.numel() * zero._get_param_partition_rank(p)
-    n = max(0, min(part.numel(), flat.numel() - start))
-    part.data.zero_()
-    part.data[:n].copy_(flat[start : start + n])
-
-
-def _scatter_portable(engine: Any, directory: Path) -> None:
-    """Set weights, fp32 master partitions and Adam moments from a portable state written
-    under any strategy and world size."""
-    import torch
-    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
-
-    from acc_train.checkpoint import read_portable_state
-
-    zero = engine.optimizer
-    stage = engine.zero_optimization_stage()
-    params = _names_by_param(engine.module)
-    weights = {name: torch.empty(_full_shape(p), dtype=torch.float32) for _, names, p in params for name in names}
-    moments = {
-        first: {"step": torch.zeros((), dtype=torch.float32), **{k: torch.empty(_full_shape(p), dtype=torch.float32) for k in MOMENTS}}
-        for first, _, p in params
-        if p.requires_grad
-    }
-    read_portable_state(directory, weights, moments)
-    _ensure_adam_state(engine)
-    _link_optimizer_state(engine)
-    with torch.no_grad():
-        for first, _, p in params:
-            w = weights[first]
-            if stage == 3:
-                if p.requires_grad:
-                    _set_partition(zero, p, w, None)
-                    for k in MOMENTS:
-                        _set_partition(zero, p, moments[first][k], k)
-                else:
-                    n = p.ds_tensor.numel()
-                    start = n * zero._get_param_partition_rank(p)
-                    flat = w.flatten()
-                    p.ds_tensor.data.zero_()
-                    p.ds_tensor.data[: max(0, min(n, flat.numel() - start))].copy_(flat[start : start + n])
-                continue
-            p.data.copy_(w.to(p.dtype))  # below stage 3 every rank holds the module's weights whole
-            if p.requires_grad:
-                safe_set_full_fp32_param(p, w)
-                for k in MOMENTS:
-                    safe_set_full_optimizer_state(p, moments[first][k], k)
-        if stage == 3:  # the module's partitions follow the fp32 masters, as after a step
-            for lp, hp in zip(zero.fp16_partitioned_groups_flat, zero.fp32_partitioned_groups_flat):
-                lp.data.copy_(hp.data)
-        step = max((float(m["step"]) for m in moments.values()), default=0.0)
-        for state in zero.optimizer.state.values():
-            if "step" in state:
-                state["step"] = torch.tensor(step, dtype=torch.float32) if torch.is_tensor(state["step"]) else int(step)
-
-
-class ZeroMeter(ModelStateMeter):
-    """Model-state bytes of one rank under ZeRO, counted from DeepSpeed's own buffers.
-
-    - parameters: the module's parameters (under stage 3, this rank's partition ``ds_tensor``);
-    - gradients: the most held at once. Stage 1 and 2 are looked at when the engine starts
-      reducing them (stage 1 still holds every parameter's full ``.grad`` there) and when the
-      ZeRO optimizer steps (the partition in ``averaged_gradients``); stage 3 keeps its
-      partition in ``grad_partitions_flat_buffer``. Accelerate runs the step inside
-      ``backward``, so the engine's methods are wrapped to look before they free anything;
-    - optimizer: the fp32 master partitions and the torch optimizer's state (Adam moments).
-      A master partition that shares storage with the parameters is counted once.
-    """
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.zero = engine.optimizer
-        self.stage = engine.zero_optimization_stage()
-        self.grads = 0
-        self._watch(engine, "allreduce_gradients")
-        self._watch(self.zero, "step")
-
-    def _watch(self, owner: Any, method: str) -> None:
-        original = getattr(owner, method)
-
-        def watched(*args: Any, **kwargs: Any) -> Any:
-            self.grads = max(self.grads, self._gradient_bytes())
-            return original(*args, **kwargs)
-
-        setattr(owner, method, watched)
-
-    def _gradient_bytes(self) -> int:
-        if self.stage == 3:
-            return local_nbytes(getattr(self.zero, "grad_partitions_flat_buffer", None))
-        on_params = sum(local_nbytes(p.grad) for p in self.engine.module.parameters())
-        averaged = getattr(self.zero, "averaged_gradients", None) or {}
-        partitions = [t for v in averaged.values() if v is not None for t in (v if isinstance(v, list) else [v])]
-        return on_params + sum(local_nbytes(t) for t in partitions)
-
-    def result(self) -> dict[str, int]:
-        import torch
-
-        module_params = list(self.engine.module.parameters())
-        held = [p.ds_tensor for p in module_params] if self.stage == 3 else module_params
-        storages = {t.untyped_storage().data_ptr() for t in held}
-        masters = self.zero.fp32_partitioned_groups_flat if self.stage == 3 else self.zero.single_partition_of_fp32_groups
-        master_bytes = sum(local_nbytes(t) for t in masters if t.untyped_storage().data_ptr() not in storages)
-        state = self.zero.optimizer.state
-        moments = sum(local_nbytes(v) for s in state.values() for v in s.values() if isinstance(v, torch.Tensor))
-        return {"params": sum(local_nbytes(t) for t in held), "grads": self.grads, "optimizer": master_bytes + moments}
