@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from acc_train import Strategy, StrategyOptions, hookimpl, plugins
+from acc_train import Strategy, hookimpl, plugins
 from acc_train.config import load_job
 from acc_train.memory_plan import MemoryPlan, PlanInput
 
@@ -24,27 +24,27 @@ class Replicated(Strategy):
     name = "plan-replicated"
     presets = {"plan-replicated-big": {}}
 
-    def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
+    def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         return {}
 
 
 class HalfSharded(Strategy):
     name = "plan-half"
 
-    def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
+    def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         return {}
 
-    def plan_memory(self, options: StrategyOptions, plan: PlanInput) -> MemoryPlan:
+    def plan_memory(self, plan: PlanInput) -> MemoryPlan:
         return MemoryPlan(4 * plan.parameters, 0, 12 * plan.parameters // 2, "4psi + 12psi/2", offload={"optimizer": "cpu"}, note="mine")
 
 
 class BrokenPlan(Strategy):
     name = "plan-broken"
 
-    def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
+    def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         return {}
 
-    def plan_memory(self, options: StrategyOptions, plan: PlanInput) -> MemoryPlan:
+    def plan_memory(self, plan: PlanInput) -> MemoryPlan:
         raise RuntimeError("no idea")
 
 

@@ -51,7 +51,7 @@ def failure(name: str) -> str:
 ECHO = """
 class Echo(Strategy):
     name = "echo"
-    def accelerator_kwargs(self, options, job):
+    def accelerator_kwargs(self, job):
         return {}
 """
 
@@ -95,6 +95,22 @@ def test_a_registration_that_breaks_the_contract_is_dropped_and_reported(install
     text = failure("badreg")
     assert text.startswith('plugin "badreg" (distribution badreg-plugin) had its strategy registrations rejected')
     assert reason in text
+
+
+LEGACY = """
+class Legacy(Strategy):
+    name = "legacy"
+    def accelerator_kwargs(self, options, job):
+        return {}
+"""
+
+
+def test_a_strategy_written_against_the_first_contract_is_refused_naming_the_change(install: Install) -> None:
+    install("legacy", LEGACY + "@hookimpl\ndef acc_train_register_strategies(register):\n    register(Legacy())\n")
+    assert "legacy" not in plugins.strategies().names() and "ddp" in plugins.strategies().names()
+    text = failure("legacy")
+    assert text.startswith('plugin "legacy" (distribution legacy-plugin) had its strategy registrations rejected')
+    assert "Legacy.accelerator_kwargs takes an `options` argument" in text and "read self.options" in text
 
 
 def test_a_taken_name_belongs_to_neither_plugin_and_the_rest_keeps_working(install: Install) -> None:

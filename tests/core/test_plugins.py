@@ -33,7 +33,7 @@ class EchoStrategy(Strategy):
     presets = {"echo-high": {"level": 9}}
     options_schema = EchoOptions
 
-    def accelerator_kwargs(self, options: Any, job: Any) -> dict[str, Any]:
+    def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         return {}
 
 
@@ -69,9 +69,9 @@ def test_in_test_plugin_registers_a_strategy_with_aliases_and_presets() -> None:
 def test_preset_options_are_the_starting_point_and_config_overrides_them() -> None:
     register(EchoPlugin(), "echo")
     job = load_job(flags={"strategy.name": ("echo-high", "--strategy")})
-    assert job.options.level == 9
+    assert job.strategy.options.level == 9
     job = load_job(flags={"strategy.name": ("echo-high", "--strategy")}, sets=["strategy.level=3"])
-    assert job.options.level == 3 and job.to_dict()["strategy"] == {"name": "echo-high", "level": 3, "mode": "a"}
+    assert job.strategy.options.level == 3 and job.to_dict()["strategy"] == {"name": "echo-high", "level": 3, "mode": "a"}
 
 
 def test_strategy_options_are_strict() -> None:
@@ -149,3 +149,25 @@ def test_resolved_configs_of_every_strategy_and_preset_load_back(tmp_path: Path)
         path = tmp_path / f"{name}.yaml"
         path.write_text(job.to_yaml())
         assert load_job(path).to_dict() == job.to_dict(), name
+
+
+def test_the_not_installed_hint_table_names_exactly_what_the_workspace_plugins_register(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Core's one table of strategy names (for "pip install ..." hints) cannot drift from the packages."""
+    monkeypatch.setenv(plugins.ENV_BLOCK, "local-sgd")  # the example is not one of acc-train's own packages
+    registry = plugins.strategies()
+    distributions = {info.name: info.distribution for info in plugins.plugin_infos()}
+    registered = {name: distributions[registry.owner(name)] for name in registry.names()}
+    assert registered == plugins.KNOWN_STRATEGY_PACKAGES
+
+
+def test_a_registered_strategy_is_a_prototype_and_resolving_binds_its_options() -> None:
+    from acc_train import PluginError, resolve_strategy
+
+    register(EchoPlugin(), "echo")
+    prototype = plugins.strategies().get("echo-high")
+    with pytest.raises(PluginError, match="not configured"):
+        prototype.options  # noqa: B018
+    configured = resolve_strategy("echo-high", {"mode": "b"})
+    assert isinstance(configured, EchoStrategy) and configured is not prototype
+    assert (configured.options.level, configured.options.mode) == (9, "b")
+    assert not prototype.is_configured

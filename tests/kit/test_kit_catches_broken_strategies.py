@@ -37,10 +37,10 @@ class BrokenDP(Strategy):
     options_schema = LooseOptions
     checkpoint_format = "dcp"  # broken: one copy of replicated state, though the ranks differ
 
-    def accelerator_kwargs(self, options, job):
+    def accelerator_kwargs(self, job):
         return {}
 
-    def equivalent_to_ddp(self, options):
+    def equivalent_to_ddp(self):
         return True  # broken: it does not all-reduce gradients
 
 

@@ -5,21 +5,20 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from acc_train import Machine, UserError
+from acc_train import Machine, UserError, resolve_strategy
 from acc_train_ddp import DDPStrategy
 
 
 def test_options_become_ddp_kwargs() -> None:
     from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 
-    strategy = DDPStrategy()
-    options = strategy.parse_options({"bucket_cap_mb": 50, "static_graph": True, "comm_hook": "powersgd", "powersgd_rank": 4})
-    (handler,) = strategy.accelerator_kwargs(options, None)["kwargs_handlers"]
+    strategy = resolve_strategy("ddp", {"bucket_cap_mb": 50, "static_graph": True, "comm_hook": "powersgd", "powersgd_rank": 4})
+    (handler,) = strategy.accelerator_kwargs(None)["kwargs_handlers"]
     assert isinstance(handler, DistributedDataParallelKwargs)
     assert handler.bucket_cap_mb == 50 and handler.static_graph is True
     assert handler.comm_hook == DDPCommunicationHookType.POWER_SGD
     assert handler.comm_state_option == {"matrix_approximation_rank": 4, "start_powerSGD_iter": 2}
-    plain = strategy.accelerator_kwargs(strategy.parse_options({}), None)["kwargs_handlers"][0]
+    plain = resolve_strategy("ddp").accelerator_kwargs(None)["kwargs_handlers"][0]
     assert plain.comm_hook == DDPCommunicationHookType.NO and plain.comm_state_option == {}
 
 
@@ -38,6 +37,5 @@ def test_expected_distributed_types_never_include_a_silent_fallback() -> None:
 
 
 def test_fp16_hook_on_cpu_is_refused_with_a_hint() -> None:
-    s = DDPStrategy()
     with pytest.raises(UserError, match="fp16 compression hook needs GPUs"):
-        s.check_environment(s.parse_options({"comm_hook": "fp16"}), Machine("cpu", 2))
+        resolve_strategy("ddp", {"comm_hook": "fp16"}).check_environment(Machine("cpu", 2))

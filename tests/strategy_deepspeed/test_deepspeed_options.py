@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from acc_train import Machine, UserError
+from acc_train import Machine, UserError, resolve_strategy
 from acc_train.config import load_job
 from acc_train_deepspeed import DeepSpeedStrategy
 from acc_train_deepspeed.config import load_ds_config
@@ -18,8 +18,8 @@ from tests.conftest import run_cli
 
 def test_presets() -> None:
     for name, stage in (("zero1", 1), ("zero2", 2), ("zero3", 3), ("deepspeed", 3)):
-        assert load_job(flags={"strategy.name": (name, "--strategy")}).options.zero_stage == stage
-    off = load_job(flags={"strategy.name": ("zero3-offload", "--strategy")}).options
+        assert load_job(flags={"strategy.name": (name, "--strategy")}).strategy.options.zero_stage == stage
+    off = load_job(flags={"strategy.name": ("zero3-offload", "--strategy")}).strategy.options
     assert (off.offload_optimizer, off.offload_param) == ("cpu", "cpu")
 
 
@@ -39,9 +39,8 @@ def test_inconsistent_options_are_errors(options: dict, message: str) -> None:
 
 
 def test_cpu_offload_on_a_cpu_only_run_is_refused() -> None:
-    s = DeepSpeedStrategy()
     with pytest.raises(UserError, match="would do nothing"):
-        s.check_environment(s.parse_options({"stage": 3, "offload_optimizer": "cpu"}), Machine("cpu", 2))
+        resolve_strategy("deepspeed", {"stage": 3, "offload_optimizer": "cpu"}).check_environment(Machine("cpu", 2))
 
 
 def test_json_auto_values_are_filled_from_the_job(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from acc_train import Machine, UserError
+from acc_train import Machine, UserError, resolve_strategy
 from acc_train.config import load_job
 from acc_train_fsdp import FSDPStrategy
 from acc_train_fsdp.accelerate_config import strategy_from_accelerate_config
@@ -16,9 +16,9 @@ from acc_train_fsdp.policies import layer_class_names
 
 def test_presets_and_defaults() -> None:
     job = load_job(flags={"strategy.name": ("fsdp1", "--strategy")})
-    assert job.options.version == 1
-    assert load_job(flags={"strategy.name": ("fsdp", "--strategy")}).options.version == 2
-    assert load_job(flags={"strategy.name": ("fsdp-offload", "--strategy")}).options.cpu_offload is True
+    assert job.strategy.options.version == 1
+    assert load_job(flags={"strategy.name": ("fsdp", "--strategy")}).strategy.options.version == 2
+    assert load_job(flags={"strategy.name": ("fsdp-offload", "--strategy")}).strategy.options.cpu_offload is True
 
 
 @pytest.mark.parametrize(
@@ -37,12 +37,11 @@ def test_options_that_belong_elsewhere_are_errors(options: dict, message: str) -
 
 
 def test_conflicts_with_the_machine_are_errors_with_hints() -> None:
-    s = FSDPStrategy()
     with pytest.raises(UserError, match="would do nothing"):
-        s.check_environment(s.parse_options({"cpu_offload": True}), Machine("cpu", 2))
+        resolve_strategy("fsdp", {"cpu_offload": True}).check_environment(Machine("cpu", 2))
     with pytest.raises(UserError, match="this run has one machine"):
-        s.check_environment(s.parse_options({"version": 1, "sharding_strategy": "hybrid_shard"}), Machine("cuda", 8, 1))
-    s.check_environment(s.parse_options({"version": 1, "sharding_strategy": "hybrid_shard"}), Machine("cuda", 16, 2))
+        resolve_strategy("fsdp", {"version": 1, "sharding_strategy": "hybrid_shard"}).check_environment(Machine("cuda", 8, 1))
+    resolve_strategy("fsdp", {"version": 1, "sharding_strategy": "hybrid_shard"}).check_environment(Machine("cuda", 16, 2))
 
 
 def test_layer_class_that_the_model_lacks_names_the_closest_one(tiny_model_dir: Path) -> None:

@@ -37,14 +37,14 @@ class LocalSGDOptions(StrategyOptions):
     sync_every: int = Field(4, ge=1)
 
 
-class LocalSGDStrategy(Strategy):
+class LocalSGDStrategy(Strategy[LocalSGDOptions]):
     name = "local-sgd"
     aliases = ("localsgd",)
     description = "local SGD: ranks step alone, parameters averaged every sync_every steps"
     options_schema = LocalSGDOptions
     checkpoint_format = "local-sgd-per-rank"
 
-    def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
+    def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         if job is None:  # `acc-train launch`: the script's own loop never fires our hooks
             raise UserError(
                 "local-sgd works inside acc-train's own training loop, not under `acc-train launch`",
@@ -53,7 +53,7 @@ class LocalSGDStrategy(Strategy):
             )
         return {}  # plain DDP: the comm hook registered at train start turns off its all-reduce
 
-    def full_state_dict(self, accelerator: Any, model: Any, options: StrategyOptions) -> dict[str, Any]:
+    def full_state_dict(self, accelerator: Any, model: Any) -> dict[str, Any]:
         """The average of the ranks' models (they differ unless the last step was an average)."""
         state = accelerator.get_state_dict(model)
         if accelerator.num_processes == 1:
@@ -66,9 +66,8 @@ class LocalSGDStrategy(Strategy):
             out[key] = tensor
         return out
 
-    def summary(self, accelerator: Any, options: StrategyOptions) -> dict[str, Any]:
-        assert isinstance(options, LocalSGDOptions)
-        return {"sync_every": options.sync_every}
+    def summary(self, accelerator: Any) -> dict[str, Any]:
+        return {"sync_every": self.options.sync_every}
 
 
 class PerRankFormat(CheckpointFormat):
@@ -119,17 +118,16 @@ def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat],
 
 @hookimpl
 def acc_train_train_start(run: Any) -> None:
-    if not isinstance(run.job.strategy, LocalSGDStrategy):
+    strategy = run.job.strategy
+    if not isinstance(strategy, LocalSGDStrategy):
         return
     from accelerate.local_sgd import LocalSGD
     from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-    options = run.job.options
-    assert isinstance(options, LocalSGDOptions)
     if hasattr(run.model, "register_comm_hook"):  # wrapped in DDP: more than one process
         # hands each rank's own gradients back instead of all-reducing them
         run.model.register_comm_hook(state=None, hook=noop_hook)
-    helper = LocalSGD(accelerator=run.accelerator, model=run.model, local_sgd_steps=options.sync_every, enabled=True)
+    helper = LocalSGD(accelerator=run.accelerator, model=run.model, local_sgd_steps=strategy.options.sync_every, enabled=True)
     helper.num_steps = run.step  # a resumed run continues the count
     run.extras[EXTRAS_KEY] = helper
 
@@ -140,5 +138,5 @@ def acc_train_step_end(run: Any, step: int, metrics: dict[str, Any]) -> None:
     if helper is None:
         return
     helper.step()  # averages the parameters when step is a multiple of sync_every
-    if step % run.job.options.sync_every == 0:
+    if step % run.job.strategy.options.sync_every == 0:
         metrics["local_sgd_averaged"] = True

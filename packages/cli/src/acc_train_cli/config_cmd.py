@@ -246,7 +246,7 @@ def _wizard(assume_yes: bool, config_file: str | None) -> None:
 @user_errors
 def config_schema() -> None:
     """Print a JSON Schema of the whole config, with every installed strategy's options."""
-    from acc_train.config_schema import job_json_schema
+    from acc_train.config.json_schema import job_json_schema
 
     click.echo(json.dumps(job_json_schema(), indent=2))
 

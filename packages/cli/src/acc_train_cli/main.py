@@ -206,7 +206,7 @@ def launch(ctx: click.Context, script: str, script_args: tuple[str, ...], **para
         raise UserError(f"script {script!r} does not exist", where="launch SCRIPT")
     job = _resolve(merged)
     _report_plugin_failures()
-    strategy = {"name": job.config.strategy["name"], **job.options.model_dump(mode="json")}
+    strategy = {"name": job.config.strategy["name"], **job.strategy.options.model_dump(mode="json")}
     env = {
         "ACC_TRAIN_STRATEGY": json.dumps(strategy),
         "ACC_TRAIN_MIXED_PRECISION": job.config.training.mixed_precision,

@@ -55,6 +55,7 @@ def build_plan(job: Any) -> dict[str, Any]:
     """The plan as data: the model, the inputs and one row per strategy variant."""
     from acc_train.launcher import default_num_processes
     from acc_train.memory_plan import ACTIVATION_FORMULA, PlanInput, activation_bytes, model_shape
+    from acc_train.config import resolve_strategy
     from acc_train.plugins import strategies
 
     cfg = job.config
@@ -66,9 +67,9 @@ def build_plan(job: Any) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     job_matched = False
 
-    def add(label: str, strategy: Any, options: Any, is_job: bool) -> None:
+    def add(label: str, strategy: Any, is_job: bool) -> None:
         try:
-            mp = strategy.plan_memory(options, inp)
+            mp = strategy.plan_memory(inp)
         except Exception as exc:  # noqa: BLE001 - one plugin's broken accounting must not hide the others
             click.echo(f"warning: strategy {strategy.name!r} could not plan {label!r}: {type(exc).__name__}: {exc}", err=True)
             return
@@ -93,12 +94,12 @@ def build_plan(job: Any) -> dict[str, Any]:
 
     for strategy, _owner in strategies().primary():
         for label, raw in strategy.plan_variants().items():
-            options = strategy.parse_options(raw)
-            is_job = strategy is job.strategy and options == job.options
+            variant = resolve_strategy(strategy.name, raw)
+            is_job = variant.name == job.strategy.name and variant.options == job.strategy.options
             job_matched |= is_job
-            add(label, strategy, options, is_job)
+            add(label, variant, is_job)
     if not job_matched:  # the job's own options differ from every preset: plan them too
-        add(f"{cfg.strategy['name']} (this job)", job.strategy, job.options, True)
+        add(f"{cfg.strategy['name']} (this job)", job.strategy, True)
     return {
         "model": shape.name,
         "parameters": shape.parameters,

@@ -15,6 +15,7 @@ from acc_train.strategy import Machine, Strategy, StrategyOptions, WrapPolicy
 
 if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
+    from acc_train.config.strategy import resolve_strategy
 
 __all__ = [
     "Accelerator",
@@ -26,6 +27,7 @@ __all__ = [
     "UserError",
     "WrapPolicy",
     "hookimpl",
+    "resolve_strategy",
     "__version__",
 ]
 
@@ -37,4 +39,8 @@ def __getattr__(name: str) -> Any:
         from acc_train.accelerator import Accelerator
 
         return Accelerator
+    if name == "resolve_strategy":
+        from acc_train.config.strategy import resolve_strategy
+
+        return resolve_strategy
     raise AttributeError(f"module 'acc_train' has no attribute {name!r}")

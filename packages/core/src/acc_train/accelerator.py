@@ -15,8 +15,9 @@ from typing import Any
 
 import accelerate
 
+from acc_train.config.strategy import resolve_strategy
 from acc_train.errors import UserError
-from acc_train.strategy import Machine, Strategy, StrategyOptions
+from acc_train.strategy import DEFAULT_STRATEGY, Machine, Strategy
 
 __all__ = ["Accelerator", "current_machine", "resolve_mixed_precision", "ENV_STRATEGY"]
 
@@ -59,19 +60,11 @@ def resolve_mixed_precision(requested: str, machine: Machine) -> str:
     return "bf16" if cpu_has_native_bf16() else "no"
 
 
-def strategy_from_env() -> tuple[Strategy, StrategyOptions]:
-    """The strategy the launcher chose, or DDP with defaults when run without acc-train."""
-    from acc_train.config import Sources, deep_merge, format_validation_error
-    from acc_train.plugins import strategies
-    from pydantic import ValidationError
-
-    raw = json.loads(os.environ.get(ENV_STRATEGY) or '{"name": "ddp"}')
-    name = raw.pop("name", "ddp")
-    strategy = strategies().get(name)
-    try:
-        return strategy, strategy.parse_options(deep_merge(strategy.presets.get(name, {}), raw))
-    except ValidationError as exc:
-        raise format_validation_error(exc, strategy.options_schema, Sources(), prefix="strategy.") from None
+def strategy_from_env() -> Strategy[Any]:
+    """The configured strategy the launcher chose, or the default strategy when run without acc-train."""
+    raw = json.loads(os.environ.get(ENV_STRATEGY) or "{}")
+    name = raw.pop("name", DEFAULT_STRATEGY)
+    return resolve_strategy(name, raw)
 
 
 def _merge_kwargs(base: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
@@ -103,17 +96,15 @@ class Accelerator(accelerate.Accelerator):
     def __init__(
         self,
         *args: Any,
-        strategy: Strategy | None = None,
-        strategy_options: StrategyOptions | None = None,
+        strategy: Strategy[Any] | None = None,
         job: Any = None,
         **kwargs: Any,
     ) -> None:
         if strategy is None:
-            strategy, strategy_options = strategy_from_env()
-        assert strategy_options is not None
+            strategy = strategy_from_env()
         machine = current_machine()
-        strategy.check_environment(strategy_options, machine)
-        merged = _merge_kwargs(strategy.accelerator_kwargs(strategy_options, job), kwargs)
+        strategy.check_environment(machine)
+        merged = _merge_kwargs(strategy.accelerator_kwargs(job), kwargs)
         if machine.device_type == "cpu":
             merged["cpu"] = True
         if merged.get("mixed_precision") in (None, "auto"):
@@ -122,9 +113,8 @@ class Accelerator(accelerate.Accelerator):
         self.acc_kwargs = merged
         super().__init__(*args, **merged)
         self.acc_strategy = strategy
-        self.acc_strategy_options = strategy_options
         self.acc_machine = machine
-        strategy.after_accelerator(self, strategy_options)
+        strategy.after_accelerator(self)
         self._acc_prepared: set[int] = set()
         expected = strategy.expected_distributed_types(machine)
         actual = self.distributed_type.name
@@ -141,7 +131,7 @@ class Accelerator(accelerate.Accelerator):
         for obj in objects:
             if isinstance(obj, torch.nn.Module) and id(obj) not in self._acc_prepared:
                 self._acc_prepared.add(id(obj))
-                self.acc_strategy.before_prepare(self, obj, self.acc_strategy_options)
+                self.acc_strategy.before_prepare(self, obj)
 
     def prepare(self, *args: Any, **kwargs: Any) -> Any:
         self._before_prepare(args)

@@ -74,8 +74,9 @@ def acc_train_accelerate_config(distributed_type: str, config: dict[str, Any]) -
     """Map a config file written by ``accelerate config`` onto this plugin's strategy.
 
     Called when ``acc-train --config FILE`` reads a file with a top-level ``distributed_type``
-    that core does not map itself (``FSDP``, ``DEEPSPEED``, ...). Return acc-train config
-    sections built from the file's own section (``fsdp_config``, ``deepspeed_config``): at least
+    (a strategy declares the types that select it in ``accelerate_distributed_types``; with no
+    answer, that strategy runs with its defaults). Return acc-train config sections built from
+    the file's own section (one the strategy lists in ``accelerate_config_sections``): at least
     ``{"strategy": {"name": ..., **options}}``, plus e.g. ``training`` keys the section carries;
     or None when the type is not this plugin's. Stops at the first non-None result. Raise
     :class:`acc_train.UserError` for a value that cannot be mapped.

@@ -1,15 +1,20 @@
 """The ``Strategy`` contract: everything a distributed strategy changes goes through here.
 
-A strategy plugin subclasses :class:`Strategy` and registers an instance::
+A strategy plugin subclasses :class:`Strategy`, names its options schema, and registers an
+instance. acc-train resolves the job's ``strategy:`` section once and hands every method a
+*configured* strategy: ``self.options`` is the validated options, typed by the class parameter::
 
-    from acc_train import Strategy, hookimpl
+    from acc_train import Strategy, StrategyOptions, hookimpl
 
-    class MyStrategy(Strategy):
+    class MyOptions(StrategyOptions):
+        bucket_cap_mb: int = 25
+
+    class MyStrategy(Strategy[MyOptions]):
         name = "mine"
         options_schema = MyOptions          # a pydantic model, extra="forbid"
 
-        def accelerator_kwargs(self, options, job):
-            return {"kwargs_handlers": [...]}
+        def accelerator_kwargs(self, job):
+            return {"kwargs_handlers": [...self.options.bucket_cap_mb...]}
 
     @hookimpl
     def acc_train_register_strategies(register):
@@ -21,26 +26,36 @@ listing strategies and ``--help`` never pay for them. Import them inside methods
 
 from __future__ import annotations
 
+import copy
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+from acc_train.errors import PluginError
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from acc_train.config import JobConfig
+    from acc_train.config import ResolvedJob
     from acc_train.memory_plan import MemoryPlan, PlanInput
     from acc_train.model_state import ModelStateMeter
 
-__all__ = ["Strategy", "StrategyOptions", "WrapPolicy", "Machine"]
+__all__ = ["DEFAULT_STRATEGY", "Strategy", "StrategyOptions", "WrapPolicy", "Machine", "legacy_contract_problem"]
+
+#: The strategy a job runs under when it names none.
+DEFAULT_STRATEGY = "ddp"
 
 
 class StrategyOptions(BaseModel):
     """Base for a strategy's options schema: unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+OptionsT = TypeVar("OptionsT", bound=StrategyOptions)
 
 
 @dataclass(frozen=True)
@@ -52,11 +67,13 @@ class Machine:
     num_machines: int = 1
 
 
-class Strategy(ABC):
+class Strategy(ABC, Generic[OptionsT]):
     """A distributed training strategy, registered by name.
 
     Subclasses set ``name`` and ``options_schema`` and implement :meth:`accelerator_kwargs`.
-    Everything else has a default that suits a data-parallel strategy.
+    Everything else has a default that suits a data-parallel strategy. The registered instance
+    is a prototype; :meth:`configure` returns a copy bound to validated options, and that copy
+    is what the job, the worker, the Accelerator and ``acc-train plan`` use.
     """
 
     #: The name users pass to ``--strategy``.
@@ -72,43 +89,70 @@ class Strategy(ABC):
     options_schema: ClassVar[type[StrategyOptions]] = StrategyOptions
     #: The registered checkpoint format this strategy saves with.
     checkpoint_format: ClassVar[str] = "dcp"
+    #: Accelerate ``DistributedType`` names (``distributed_type:`` in an ``accelerate config``
+    #: file) that select this strategy; its plugin's ``acc_train_accelerate_config`` hook maps
+    #: the rest of such a file.
+    accelerate_distributed_types: ClassVar[tuple[str, ...]] = ()
+    #: Top-level sections of an ``accelerate config`` file that its hook maps (``fsdp_config``).
+    accelerate_config_sections: ClassVar[tuple[str, ...]] = ()
 
-    def parse_options(self, raw: dict[str, Any]) -> StrategyOptions:
+    _options: OptionsT | None = None
+
+    @property
+    def options(self) -> OptionsT:
+        """The validated options this strategy was configured with."""
+        if self._options is None:
+            raise PluginError(
+                f'strategy "{self.name}" is not configured with options',
+                hint="resolve it with acc_train.resolve_strategy(name, options) instead of using the registered instance",
+            )
+        return self._options
+
+    @property
+    def is_configured(self) -> bool:
+        return self._options is not None
+
+    def parse_options(self, raw: dict[str, Any]) -> OptionsT:
         """Validate the ``strategy:`` section. Raises pydantic's ValidationError; the caller
         turns it into a message naming the key path."""
-        return self.options_schema.model_validate(raw)
+        return self.options_schema.model_validate(raw)  # type: ignore[return-value]
 
-    def check_environment(self, options: StrategyOptions, machine: Machine) -> None:
+    def configure(self, options: OptionsT) -> Strategy[OptionsT]:
+        """A copy of this strategy bound to ``options`` (already validated)."""
+        bound = copy.copy(self)
+        bound._options = options
+        return bound
+
+    def check_environment(self, machine: Machine) -> None:
         """Raise :class:`acc_train.UserError` with a hint when this strategy cannot run on
         ``machine`` as configured. A strategy never silently becomes another."""
 
     @abstractmethod
-    def accelerator_kwargs(self, options: StrategyOptions, job: JobConfig | None) -> dict[str, Any]:
+    def accelerator_kwargs(self, job: ResolvedJob | None) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator(...)``: plugins and kwargs handlers
         (``fsdp_plugin``, ``deepspeed_plugin``, ``kwargs_handlers``...). ``job`` is None when a
         user's own script is launched (``acc-train launch``)."""
 
-    def after_accelerator(self, accelerator: Accelerator, options: StrategyOptions) -> None:
+    def after_accelerator(self, accelerator: Accelerator) -> None:
         """Called right after the Accelerator is built, before anything is prepared.
         ``accelerator.acc_kwargs`` holds the keyword arguments it was built with."""
 
-    def before_prepare(self, accelerator: Accelerator, model: Any, options: StrategyOptions) -> None:
+    def before_prepare(self, accelerator: Accelerator, model: Any) -> None:
         """Called with each model just before Accelerate prepares (wraps) it, e.g. to resolve a
         wrap policy against the model's layers."""
 
-    def full_state_dict(self, accelerator: Accelerator, model: Any, options: StrategyOptions) -> dict[str, Any]:
+    def full_state_dict(self, accelerator: Accelerator, model: Any) -> dict[str, Any]:
         """The whole model's state, gathered for ``save_pretrained`` on the main process (called
         on every rank; other ranks may get an empty dict)."""
         return accelerator.get_state_dict(model)
 
     def parameter_elements(self, accelerator: Accelerator, model: Any) -> tuple[int, int]:
         """(elements this rank holds, elements of the whole model) for ``run.json``. The default
-        understands plain tensors, DTensors (FSDP2) and DeepSpeed ZeRO-3 partitions."""
+        understands plain tensors and DTensors; a strategy that partitions parameters its own
+        way counts them itself."""
         local = total = 0
         for p in model.parameters():
-            if hasattr(p, "ds_tensor"):  # DeepSpeed ZeRO-3 partition
-                local, total = local + p.ds_tensor.numel(), total + p.ds_numel
-            elif hasattr(p, "to_local"):  # DTensor: numel() is the global size
+            if hasattr(p, "to_local"):  # DTensor: numel() is the global size
                 local, total = local + p.to_local().numel(), total + p.numel()
             else:
                 local, total = local + p.numel(), total + p.numel()
@@ -127,20 +171,20 @@ class Strategy(ABC):
         defaults when there are none."""
         return {name: dict(options) for name, options in self.presets.items()} or {self.name: {}}
 
-    def plan_memory(self, options: StrategyOptions, plan: PlanInput) -> MemoryPlan:
-        """What one rank holds of the model state with ``options``, for ``acc-train plan``
+    def plan_memory(self, plan: PlanInput) -> MemoryPlan:
+        """What one rank holds of the model state with these options, for ``acc-train plan``
         (no model is built). The default is a full replica on every rank, as DDP holds:
         16psi bytes in fp32. A sharding strategy states its own."""
         from acc_train.memory_plan import replicated
 
         return replicated(plan)
 
-    def checkpoint_format_for(self, options: StrategyOptions) -> str:
+    def checkpoint_format_name(self) -> str:
         """The registered checkpoint format to save with, given the options."""
         return self.checkpoint_format
 
-    def equivalent_to_ddp(self, options: StrategyOptions) -> bool:
-        """Whether, with ``options`` and fp32, this strategy computes DDP's updates (sharding
+    def equivalent_to_ddp(self) -> bool:
+        """Whether, with these options and fp32, this strategy computes DDP's updates (sharding
         changes where state lives, not the arithmetic). The conformance kit
         (``acc_train.testing``) then checks that its losses match DDP's."""
         return False
@@ -153,12 +197,47 @@ class Strategy(ABC):
         # one process: NO in-process, or a one-rank process group under the launcher
         return {"NO", multi} if machine.world_size == 1 else {multi}
 
-    def summary(self, accelerator: Accelerator, options: StrategyOptions) -> dict[str, Any]:
+    def summary(self, accelerator: Accelerator) -> dict[str, Any]:
         """Extra keys for ``run.json`` (e.g. a ZeRO stage)."""
         return {}
 
     def all_names(self) -> list[str]:
         return [self.name, *self.aliases, *self.presets]
+
+
+#: methods whose ``options`` parameter the first contract had; now ``self.options``
+_LEGACY_OPTIONS_METHODS = (
+    "check_environment", "accelerator_kwargs", "after_accelerator", "before_prepare", "full_state_dict",
+    "plan_memory", "equivalent_to_ddp", "summary",
+)  # fmt: skip
+
+
+def legacy_contract_problem(strategy: Strategy[Any]) -> str | None:
+    """Why ``strategy`` was written against the first strategy contract (methods taking
+    ``options``), or None. Such a strategy would be called with the wrong arguments, so it is
+    refused at registration with this message."""
+    cls = type(strategy)
+    if any("checkpoint_format_for" in vars(k) for k in cls.__mro__ if k is not Strategy):
+        return (
+            f"{cls.__name__} defines checkpoint_format_for(options), from acc-train's first strategy contract, "
+            "which is no longer called; options are now bound to the strategy: rename it to "
+            "checkpoint_format_name(self) and read self.options (docs/writing-a-strategy.md, 'Options belong to the strategy')"
+        )
+    for method in _LEGACY_OPTIONS_METHODS:
+        impl = getattr(cls, method, None)
+        if impl is None or impl is getattr(Strategy, method):
+            continue
+        try:
+            params = inspect.signature(impl).parameters
+        except (TypeError, ValueError):
+            continue
+        if "options" in params:
+            return (
+                f"{cls.__name__}.{method} takes an `options` argument, as in acc-train's first strategy contract; "
+                f"options are now bound to the strategy: drop the parameter and read self.options "
+                "(docs/writing-a-strategy.md, 'Options belong to the strategy')"
+            )
+    return None
 
 
 class WrapPolicy(ABC):

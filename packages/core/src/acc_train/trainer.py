@@ -58,7 +58,7 @@ def prepare_output_dir(job: ResolvedJob) -> Path:
             target = out / name
             shutil.rmtree(target) if target.is_dir() else target.unlink()
     if cfg.checkpoint.async_save:
-        check_async_save(checkpoint_formats().get(job.strategy.checkpoint_format_for(job.options)))
+        check_async_save(checkpoint_formats().get(job.strategy.checkpoint_format_name()))
     if cfg.resume:  # fail before launch, and before writing anything, on a bad --resume
         path = find_checkpoint(out, cfg.resume)
         if path is not None:
@@ -117,7 +117,6 @@ def train(job: ResolvedJob) -> dict[str, Any]:
     out = Path(cfg.output_dir)
     accelerator = Accelerator(
         strategy=job.strategy,
-        strategy_options=job.options,
         job=job,
         mixed_precision=t_cfg.mixed_precision,
         gradient_accumulation_steps=t_cfg.gradient_accumulation_steps,
@@ -165,13 +164,13 @@ def train(job: ResolvedJob) -> dict[str, Any]:
         warmup = math.ceil(cfg.scheduler.warmup_ratio * max_steps)
     scheduler = get_scheduler(cfg.scheduler.name, optimizer=optimizer, num_warmup_steps=warmup, num_training_steps=max_steps)
 
-    fmt = checkpoint_formats().get(job.strategy.checkpoint_format_for(job.options))
+    fmt = checkpoint_formats().get(job.strategy.checkpoint_format_name())
     manager = CheckpointManager(
         accelerator,
         out,
         fmt,
         cfg.checkpoint.keep_last,
-        {"strategy": job.config.strategy["name"], "strategy_options": job.options.model_dump(mode="json"), "model": fingerprint, "model_class": model_class},
+        {"strategy": job.config.strategy["name"], "strategy_options": job.strategy.options.model_dump(mode="json"), "model": fingerprint, "model_class": model_class},
         # the data order is a function of these alone: processes, micro-batch size and
         # accumulation may change on resume as long as their product does not
         data_signature={
@@ -386,13 +385,13 @@ def _summary(
     tokens_run = (state.step - start_step) * job.config.training.micro_batch_size * job.config.data.seq_len * job.config.training.gradient_accumulation_steps * accelerator.num_processes
     return {
         "strategy": job.config.strategy["name"],
-        "strategy_options": job.options.model_dump(mode="json"),
+        "strategy_options": job.strategy.options.model_dump(mode="json"),
         "distributed_type": str(accelerator.distributed_type),
         "world_size": accelerator.num_processes,
         "num_machines": machine.num_machines,
         "device": machine.device_type,
         "mixed_precision": accelerator.mixed_precision,
-        **job.strategy.summary(accelerator, job.options),
+        **job.strategy.summary(accelerator),
         "steps": state.step,
         "start_step": start_step,
         "epoch": state.epoch,
@@ -419,7 +418,7 @@ def _summary(
 
 def _save_final(accelerator: Any, model: Any, tokenizer: Any, out: Path) -> None:
     """``final/``: the consolidated model as ``save_pretrained`` safetensors, moved in atomically."""
-    state_dict = accelerator.acc_strategy.full_state_dict(accelerator, model, accelerator.acc_strategy_options)
+    state_dict = accelerator.acc_strategy.full_state_dict(accelerator, model)
     if accelerator.is_main_process:
         tmp = out / ".final.tmp"
         if tmp.exists():

@@ -30,15 +30,16 @@ class DDPOptions(StrategyOptions):
     powersgd_start_iter: int = Field(2, ge=1)
 
 
-class DDPStrategy(Strategy):
+class DDPStrategy(Strategy[DDPOptions]):
     name = "ddp"
     aliases = ("data-parallel",)
     description = "PyTorch DistributedDataParallel: full replica per rank, all-reduced gradients"
     options_schema = DDPOptions
     checkpoint_format = "dcp"
+    accelerate_distributed_types = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU")
 
-    def check_environment(self, options: StrategyOptions, machine: Machine) -> None:
-        assert isinstance(options, DDPOptions)
+    def check_environment(self, machine: Machine) -> None:
+        options = self.options
         if options.comm_hook == "fp16" and machine.device_type == "cpu" and machine.world_size > 1:
             raise UserError(
                 "the fp16 compression hook needs GPUs (gloo cannot all-reduce fp16 on CPU)",
@@ -46,14 +47,13 @@ class DDPStrategy(Strategy):
                 hint="use comm_hook: bf16 or none on CPU",
             )
 
-    def equivalent_to_ddp(self, options: StrategyOptions) -> bool:
-        assert isinstance(options, DDPOptions)
-        return options.comm_hook == "none"  # compression changes the all-reduced gradients
+    def equivalent_to_ddp(self) -> bool:
+        return self.options.comm_hook == "none"  # compression changes the all-reduced gradients
 
-    def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
+    def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 
-        assert isinstance(options, DDPOptions)
+        options = self.options
         hook = {
             "none": DDPCommunicationHookType.NO,
             "fp16": DDPCommunicationHookType.FP16,

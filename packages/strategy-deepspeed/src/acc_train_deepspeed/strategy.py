@@ -88,7 +88,7 @@ class DeepSpeedOptions(StrategyOptions):
         return self
 
 
-class DeepSpeedStrategy(Strategy):
+class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
     name = "deepspeed"
     aliases = ("zero",)
     presets = {
@@ -101,13 +101,14 @@ class DeepSpeedStrategy(Strategy):
     description = "DeepSpeed ZeRO 1/2/3 (optimizer state, gradients, parameters sharded), with offload"
     options_schema = DeepSpeedOptions
     checkpoint_format = "deepspeed"
+    accelerate_distributed_types = ("DEEPSPEED",)
+    accelerate_config_sections = ("deepspeed_config",)
 
-    def equivalent_to_ddp(self, options: StrategyOptions) -> bool:
-        assert isinstance(options, DeepSpeedOptions)
-        return options.config_file is None  # a user's JSON may set its own precision or optimizer
+    def equivalent_to_ddp(self) -> bool:
+        return self.options.config_file is None  # a user's JSON may set its own precision or optimizer
 
-    def check_environment(self, options: StrategyOptions, machine: Machine) -> None:
-        assert isinstance(options, DeepSpeedOptions)
+    def check_environment(self, machine: Machine) -> None:
+        options = self.options
         if machine.device_type == "cpu" and "cpu" in (options.offload_optimizer, options.offload_param):
             raise UserError(
                 "CPU offload moves state from accelerator memory to CPU memory; this run has no accelerator, so it would do nothing",
@@ -115,10 +116,10 @@ class DeepSpeedStrategy(Strategy):
                 hint="use zero2 / zero3 (without -offload) on a CPU-only run",
             )
 
-    def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
+    def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         from accelerate.utils import DeepSpeedPlugin
 
-        assert isinstance(options, DeepSpeedOptions)
+        options = self.options
         training = job.config.training if job is not None else None
         gas = training.gradient_accumulation_steps if training else 1
         clip = (training.max_grad_norm or 0.0) if training else 0.0
@@ -152,7 +153,7 @@ class DeepSpeedStrategy(Strategy):
         )
         return {"deepspeed_plugin": plugin}
 
-    def after_accelerator(self, accelerator: Any, options: StrategyOptions) -> None:
+    def after_accelerator(self, accelerator: Any) -> None:
         if accelerator.acc_machine.device_type != "cpu":
             return
         from acc_train.accelerate_compat import run_sharded_on_cpu
@@ -166,12 +167,23 @@ class DeepSpeedStrategy(Strategy):
     def expected_distributed_types(self, machine: Machine) -> set[str]:
         return {"DEEPSPEED"}
 
-    def full_state_dict(self, accelerator: Any, model: Any, options: StrategyOptions) -> dict[str, Any]:
+    def full_state_dict(self, accelerator: Any, model: Any) -> dict[str, Any]:
         """Under ZeRO-3 the partitions are gathered (DeepSpeed's consolidated state dict)."""
         if accelerator.state.deepspeed_plugin.zero_stage == 3:
             state = model._zero3_consolidated_16bit_state_dict()
             return state if accelerator.is_main_process else {}
         return accelerator.get_state_dict(model)
+
+    def parameter_elements(self, accelerator: Any, model: Any) -> tuple[int, int]:
+        """Under ZeRO-3 a rank holds its partition ``ds_tensor`` of each parameter; below, every
+        parameter whole."""
+        local = total = 0
+        for p in model.parameters():
+            if hasattr(p, "ds_tensor"):
+                local, total = local + p.ds_tensor.numel(), total + p.ds_numel
+            else:
+                local, total = local + p.numel(), total + p.numel()
+        return local, total
 
     def model_state_meter(self, accelerator: Any, model: Any, optimizer: Any) -> ModelStateMeter | None:
         """ZeRO keeps its state in its own flat partitions, not in the torch optimizer."""
@@ -179,17 +191,17 @@ class DeepSpeedStrategy(Strategy):
 
         return ZeroMeter(model)
 
-    def summary(self, accelerator: Any, options: StrategyOptions) -> dict[str, Any]:
+    def summary(self, accelerator: Any) -> dict[str, Any]:
         return {"zero_stage": accelerator.state.deepspeed_plugin.zero_stage}
 
-    def plan_memory(self, options: StrategyOptions, plan: PlanInput) -> MemoryPlan:
+    def plan_memory(self, plan: PlanInput) -> MemoryPlan:
         """The ZeRO paper's accounting: parameters and gradients in the training precision
         (2 bytes each under bf16/fp16, 4 in fp32), and K = 12 bytes of optimizer state (fp32
         master partition, momentum, variance), which DeepSpeed keeps even in fp32 training.
         Measured in fp32: ZeRO-1 8psi + 12psi/N, ZeRO-2 4psi + 16psi/N, ZeRO-3 20psi/N."""
         from acc_train.memory_plan import MemoryPlan
 
-        assert isinstance(options, DeepSpeedOptions)
+        options = self.options
         psi, n = plan.parameters, plan.world_size
         p = g = 2 if plan.low_precision else 4
         stage = options.zero_stage

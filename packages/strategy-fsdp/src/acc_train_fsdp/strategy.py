@@ -12,7 +12,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from acc_train import Machine, Strategy, StrategyOptions, UserError
+from acc_train import Machine, Strategy, UserError
 from acc_train_fsdp.options import FSDPOptions
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ DEFAULT_MIN_NUM_PARAMS = 100_000_000
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-class FSDPStrategy(Strategy):
+class FSDPStrategy(Strategy[FSDPOptions]):
     name = "fsdp"
     aliases = ("fully-sharded",)
     presets = {
@@ -36,19 +36,21 @@ class FSDPStrategy(Strategy):
     description = "PyTorch FSDP (v2 by default): parameters, gradients and optimizer state sharded across ranks"
     options_schema = FSDPOptions
     checkpoint_format = "dcp"
+    accelerate_distributed_types = ("FSDP",)
+    accelerate_config_sections = ("fsdp_config",)
 
-    def checkpoint_format_for(self, options: StrategyOptions) -> str:
+    def checkpoint_format_name(self) -> str:
         """Sharded: core's ``dcp`` (each rank writes its shards; portable across strategies and
         world sizes). Full: gathered to rank 0."""
-        assert isinstance(options, FSDPOptions)
+        options = self.options
         return "dcp" if options.state_dict_type == "sharded" else "fsdp-full"
 
-    def equivalent_to_ddp(self, options: StrategyOptions) -> bool:
-        assert isinstance(options, FSDPOptions)
+    def equivalent_to_ddp(self) -> bool:
+        options = self.options
         return options.mixed_precision_policy is None  # its own casts change the arithmetic
 
-    def check_environment(self, options: StrategyOptions, machine: Machine) -> None:
-        assert isinstance(options, FSDPOptions)
+    def check_environment(self, machine: Machine) -> None:
+        options = self.options
         if options.cpu_offload and machine.device_type == "cpu":
             raise UserError(
                 "cpu_offload moves parameters from accelerator memory to CPU memory; this run has no accelerator, so it would do nothing",
@@ -62,11 +64,11 @@ class FSDPStrategy(Strategy):
                 hint="use full_shard on one machine",
             )
 
-    def accelerator_kwargs(self, options: StrategyOptions, job: Any) -> dict[str, Any]:
+    def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         import torch
         from accelerate.utils import FullyShardedDataParallelPlugin
 
-        assert isinstance(options, FSDPOptions)
+        options = self.options
         from acc_train.accelerator import current_machine
 
         on_cpu = current_machine().device_type == "cpu"
@@ -123,7 +125,7 @@ class FSDPStrategy(Strategy):
             )
         return False
 
-    def after_accelerator(self, accelerator: Any, options: StrategyOptions) -> None:
+    def after_accelerator(self, accelerator: Any) -> None:
         if accelerator.acc_machine.device_type != "cpu":
             return
         from acc_train.accelerate_compat import run_sharded_on_cpu
@@ -136,14 +138,14 @@ class FSDPStrategy(Strategy):
     def expected_distributed_types(self, machine: Machine) -> set[str]:
         return {"FSDP"}
 
-    def before_prepare(self, accelerator: Any, model: Any, options: StrategyOptions) -> None:
+    def before_prepare(self, accelerator: Any, model: Any) -> None:
         """Resolve the registered wrap policy against the model, in Accelerate's terms."""
         from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy, size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
         from acc_train.plugins import wrap_policies
         from acc_train_fsdp.policies import layer_class_names
 
-        assert isinstance(options, FSDPOptions)
+        options = self.options
         plugin = accelerator.state.fsdp_plugin
         policy = wrap_policies().get(options.auto_wrap_policy)
         if policy.name == "transformer":
@@ -170,7 +172,7 @@ class FSDPStrategy(Strategy):
                 plugin.transformer_cls_names_to_wrap = sorted(c.__name__ for c in chosen)
                 plugin.auto_wrap_policy = transformer_auto_wrap_policy if chosen else None
 
-    def full_state_dict(self, accelerator: Any, model: Any, options: StrategyOptions) -> dict[str, Any]:
+    def full_state_dict(self, accelerator: Any, model: Any) -> dict[str, Any]:
         """Gathered for rank 0, whichever checkpoint format the run uses. On CPU it is built from
         the sharded state dict: FSDP1's own full-state-dict path crashes (SIGSEGV) there in torch 2.13."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -196,21 +198,21 @@ class FSDPStrategy(Strategy):
                 total += handle.flat_param._unpadded_unsharded_size.numel()
         return local, total
 
-    def summary(self, accelerator: Any, options: StrategyOptions) -> dict[str, Any]:
-        assert isinstance(options, FSDPOptions)
+    def summary(self, accelerator: Any) -> dict[str, Any]:
+        options = self.options
         return {"fsdp_version": options.version}
 
     def plan_variants(self) -> dict[str, dict[str, Any]]:
         """The presets, and FSDP1's shard_grad_op (ZeRO-2-like), which has no preset."""
         return {**super().plan_variants(), "fsdp1-shard_grad_op": {"version": 1, "sharding_strategy": "shard_grad_op"}}
 
-    def plan_memory(self, options: StrategyOptions, plan: PlanInput) -> MemoryPlan:
+    def plan_memory(self, plan: PlanInput) -> MemoryPlan:
         """Parameters, gradients and Adam's moments, all fp32 (under bf16 FSDP casts the
         gathered copy only), sharded 1/N; shard_grad_op keeps the gathered parameters from
         forward to backward. Measured in fp32: 16psi/N (BENCHMARKS.md)."""
         from acc_train.memory_plan import MemoryPlan, replicated
 
-        assert isinstance(options, FSDPOptions)
+        options = self.options
         psi, n = plan.parameters, plan.world_size
         if options.version == 1:
             how = options.sharding_strategy or "full_shard"

@@ -89,12 +89,10 @@ def build_tiny_assets(root: Path) -> KitAssets:
 def kit_group(strategy_name: str) -> str:
     """The ``xdist_group`` of a strategy's kit tests. Strategies declaring DDP equivalence share
     one group, so the DDP run they are compared with is launched once."""
-    from acc_train import plugins
+    from acc_train.config import resolve_strategy
 
     try:
-        strategy = plugins.strategies().get(strategy_name)
-        raw = strategy.presets.get(strategy_name, {})
-        equivalent = strategy_name == "ddp" or strategy.equivalent_to_ddp(strategy.parse_options(raw))
+        equivalent = strategy_name == "ddp" or resolve_strategy(strategy_name).equivalent_to_ddp()
     except Exception:  # an unknown or broken strategy: its own tests report why
         equivalent = False
     return "acc-train-kit-ddp-equivalent" if equivalent else f"acc-train-kit-{strategy_name}"

@@ -45,13 +45,13 @@ def _metrics(run: Path) -> dict[int, dict[str, Any]]:
     return {r["step"]: r for r in rows if "loss" in r}
 
 
-def _strategy(name: str) -> tuple[Any, Any]:
-    """The registered strategy and its parsed default options (or preset's), in this process."""
+def _strategy(name: str) -> Any:
+    """The strategy configured with its default options (or its preset's), in this process."""
     from acc_train import plugins
+    from acc_train.config import resolve_strategy
 
     plugins.reset()  # see the installed plugins, not what another test registered in-process
-    strategy = plugins.strategies().get(name)
-    return strategy, strategy.parse_options(strategy.presets.get(name, {}))
+    return resolve_strategy(name)
 
 
 class TestStrategyConformance:
@@ -98,10 +98,10 @@ class TestStrategyConformance:
         from acc_train.config import load_job
 
         name = acc_train_strategy_name
-        strategy, options = _strategy(name)
+        strategy = _strategy(name)
         flags = {"strategy.name": (name, "--strategy")}
         job = load_job(flags=flags)  # its defaults validate
-        assert job.options == options
+        assert job.strategy.options == strategy.options
         paths = ["strategy.no_such_option_kit"]
         for field, info in strategy.options_schema.model_fields.items():
             nested = info.annotation
@@ -117,7 +117,7 @@ class TestStrategyConformance:
             else:
                 raise AssertionError(
                     f'the options schema of "{name}" accepted the unknown key {path} '
-                    f"(parsed as {accepted.options!r}); derive it from acc_train.StrategyOptions, "
+                    f"(parsed as {accepted.strategy.options!r}); derive it from acc_train.StrategyOptions, "
                     'which sets extra="forbid", at every level'
                 )
 
@@ -126,7 +126,7 @@ class TestStrategyConformance:
         from acc_train import Machine
 
         name = acc_train_strategy_name
-        strategy, _ = _strategy(name)
+        strategy = _strategy(name)
         run = acc_train_kit.full(name)
         summary = json.loads((run / "run.json").read_text())
         assert summary["world_size"] == 2 and summary["steps"] == KIT_STEPS, summary
@@ -174,8 +174,7 @@ class TestStrategyConformance:
         from acc_train.checkpoint import verify_checkpoint
 
         name = acc_train_strategy_name
-        strategy, options = _strategy(name)
-        fmt = strategy.checkpoint_format_for(options)
+        fmt = _strategy(name).checkpoint_format_name()
         assert fmt in plugins.checkpoint_formats().names(), f'checkpoint format "{fmt}" is not registered'
         ckpts = acc_train_kit.full(name) / "checkpoints"
         assert (ckpts / "latest").read_text().strip() == f"step-{KIT_STEPS:06d}"
@@ -196,8 +195,7 @@ class TestStrategyConformance:
         from acc_train import plugins
 
         name = acc_train_strategy_name
-        strategy, options = _strategy(name)
-        if not strategy.equivalent_to_ddp(options):
+        if not _strategy(name).equivalent_to_ddp():
             pytest.skip(f'"{name}" does not declare itself equivalent to DDP (Strategy.equivalent_to_ddp)')
         if "ddp" not in plugins.strategies().names():
             pytest.skip("comparing with DDP needs the ddp strategy: pip install acc-train-strategy-ddp")

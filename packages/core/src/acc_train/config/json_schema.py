@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from acc_train.config.schema import JobConfig
+from acc_train.plugins import strategies
+from acc_train.strategy import DEFAULT_STRATEGY
+
 __all__ = ["job_json_schema", "SCHEMA_DIALECT"]
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -17,9 +21,6 @@ SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 def job_json_schema() -> dict[str, Any]:
     """The schema, for the strategies installed here."""
-    from acc_train.config import JobConfig
-    from acc_train.plugins import strategies
-
     schema = JobConfig.model_json_schema()
     defs: dict[str, Any] = schema.setdefault("$defs", {})
     choices: list[dict[str, Any]] = []
@@ -38,14 +39,14 @@ def job_json_schema() -> dict[str, Any]:
             "properties": {"name": {"enum": names, "description": "strategy, alias or preset name"}, **options.get("properties", {})},
             "additionalProperties": False,
         }
-        if strategy.name != "ddp":  # a section without a name means ddp
+        if strategy.name != DEFAULT_STRATEGY:  # a section without a name means the default
             choice["required"] = ["name"]
         choices.append(choice)
     shorthand = {"type": "string", "enum": sorted(all_names), "description": "`strategy: NAME`, the strategy's defaults"}
     schema["properties"]["strategy"] = {
         "title": "Strategy",
         "description": "`name` plus the options whose schema the strategy owns",
-        "default": {"name": "ddp"},
+        "default": {"name": DEFAULT_STRATEGY},
         "anyOf": [*choices, shorthand],
     }
     return {"$schema": SCHEMA_DIALECT, **schema, "title": "acc-train config"}

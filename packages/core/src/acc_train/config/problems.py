@@ -1,0 +1,56 @@
+"""pydantic's validation errors as lines a person can act on: key path, origin, what is wrong,
+and the closest valid key for a misspelt one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from acc_train.config.sources import Sources
+from acc_train.errors import UserError, closest
+
+__all__ = ["format_validation_error", "problem_lines"]
+
+
+def _model_fields_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """Valid keys of the section at ``path`` (for "did you mean")."""
+    current: Any = model
+    for part in path:
+        fld = getattr(current, "model_fields", {}).get(part)
+        if fld is None:
+            return []
+        current = fld.annotation
+    return list(getattr(current, "model_fields", {}))
+
+
+def format_validation_error(
+    exc: ValidationError, schema: type[BaseModel], sources: Sources, prefix: str = ""
+) -> UserError:
+    """One message listing every problem with its key path and origin."""
+    lines = problem_lines(exc, schema, sources, prefix)
+    head = "invalid config" if len(lines) > 1 else "invalid config: " + lines[0]
+    body = "\n  " + "\n  ".join(lines) if len(lines) > 1 else ""
+    return UserError(head + body, hint="fix the value(s) above; `acc-train --print-config` shows the resolved config")
+
+
+def problem_lines(exc: ValidationError, schema: type[BaseModel], sources: Sources, prefix: str = "") -> list[str]:
+    """``key.path (file:line): what is wrong``, one per problem pydantic found."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        dotted = prefix + ".".join(str(p) for p in loc) if loc else prefix.rstrip(".") or "config"
+        origin = sources.where(dotted)
+        at = f" ({origin})" if origin else ""
+        if err["type"] == "extra_forbidden":
+            near = closest(str(loc[-1]), _model_fields_at(schema, loc[:-1]))
+            suggestion = f'; did you mean "{prefix}{".".join(str(p) for p in loc[:-1] + (near,))}"?' if near else ""
+            valid = ", ".join(_model_fields_at(schema, loc[:-1]))
+            lines.append(f"{dotted}{at}: unknown key{suggestion} (valid keys here: {valid})")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            got = ""
+            if err["type"] not in {"missing"} and "input" in err and not isinstance(err["input"], dict):
+                got = f" (got {err['input']!r})"
+            lines.append(f"{dotted}{at}: {msg}{got}")
+    return lines

@@ -1,0 +1,192 @@
+"""The job config's schema: one pydantic model per section, strict at every level.
+
+The ``strategy`` section is a plain mapping here: its options belong to the strategy, whose
+own schema validates them when the job is resolved (:mod:`acc_train.config.resolve`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from acc_train.strategy import DEFAULT_STRATEGY
+
+__all__ = [
+    "JobConfig", "ModelConfig", "DataConfig", "OptimizerConfig", "SchedulerConfig", "TrainingConfig",
+    "CheckpointConfig", "LaunchConfig", "DEFAULT_MAX_STEPS", "TRACKER_MODULES", "SCHEDULERS",
+]  # fmt: skip
+
+DEFAULT_MAX_STEPS = 300
+
+#: Accelerate trackers and the modules that must import for each.
+TRACKER_MODULES: dict[str, tuple[str, ...]] = {
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow",),
+    "comet_ml": ("comet_ml",),
+    "aim": ("aim",),
+    "clearml": ("clearml",),
+    "dvclive": ("dvclive",),
+    "swanlab": ("swanlab",),
+    "trackio": ("trackio",),
+}
+
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class ModelConfig(Section):
+    #: A local directory or hub id for ``from_pretrained``; None trains the built-in demo model.
+    name_or_path: str | None = None
+    #: Tokenizer path or id; defaults to ``name_or_path``. The demo job is byte-level.
+    tokenizer: str | None = None
+    #: Overrides for the demo model's ``LlamaConfig`` (ignored when ``name_or_path`` is set).
+    config: dict[str, Any] = Field(default_factory=dict)
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _config_only_for_demo(self) -> ModelConfig:
+        if self.name_or_path and self.config:
+            raise ValueError("model.config overrides the demo model only; remove it when model.name_or_path is set")
+        return self
+
+
+class DataConfig(Section):
+    #: Data files for ``datasets`` (json, jsonl, text, parquet); empty trains on the demo text.
+    train_files: list[str] = Field(default_factory=list)
+    eval_files: list[str] = Field(default_factory=list)
+    format: Literal["auto", "json", "jsonl", "text", "parquet"] = "auto"
+    text_field: str = "text"
+    seq_len: int = Field(128, ge=2)
+    #: Share of the training blocks held out for eval when no ``eval_files`` are given.
+    eval_fraction: float = Field(0.02, ge=0.0, lt=1.0)
+    #: How much of the standard library's source the demo job reads.
+    demo_max_bytes: int = Field(1_500_000, ge=1024)
+    shuffle: bool = True
+
+
+class OptimizerConfig(Section):
+    name: Literal["adamw"] = "adamw"
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], min_length=2, max_length=2)
+    eps: float = Field(1e-8, gt=0)
+
+
+class SchedulerConfig(Section):
+    #: A transformers scheduler name (``get_scheduler``).
+    name: Literal[SCHEDULERS] = "cosine"  # type: ignore[valid-type]
+    warmup_steps: int | None = Field(None, ge=0)
+    #: Used when ``warmup_steps`` is not set.
+    warmup_ratio: float = Field(0.1, ge=0, le=1)
+
+
+class TrainingConfig(Section):
+    #: Optimizer steps. Default 300 when neither this nor ``epochs`` is set.
+    max_steps: int | None = Field(None, ge=1)
+    epochs: int | None = Field(None, ge=1)
+    micro_batch_size: int = Field(8, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    #: Clip the global gradient norm to this; null turns clipping off.
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    seed: int = 42
+    log_every: int = Field(1, ge=1)
+    #: Evaluate every N steps (and after the last); 0 evaluates only after the last step.
+    eval_every: int = Field(0, ge=0)
+    eval_batches: int = Field(8, ge=1)
+    #: Accelerate trackers: tensorboard, wandb, ... (``all`` for every installed one).
+    report_to: list[str] = Field(default_factory=list)
+    progress_bar: bool = True
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        return "no" if value is False else value  # YAML 1.1 reads a bare `no` as false
+
+    @field_validator("report_to")
+    @classmethod
+    def _trackers_installed(cls, value: list[str]) -> list[str]:
+        import importlib.util
+
+        for name in value:
+            module = TRACKER_MODULES.get(name)
+            if name != "all" and module is None:
+                raise ValueError(f"unknown tracker {name!r}; known: {', '.join(sorted(TRACKER_MODULES))}, all")
+            if module and not any(importlib.util.find_spec(m) for m in module):
+                raise ValueError(f"tracker {name!r} is not installed (pip install {module[0]})")
+        return value
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainingConfig:
+        if self.max_steps is not None and self.epochs is not None:
+            raise ValueError("set training.max_steps or training.epochs, not both")
+        return self
+
+
+class CheckpointConfig(Section):
+    #: Save every N steps (and after the last); 0 saves only after the last step.
+    every: int = Field(100, ge=0)
+    #: Keep the N most recent complete checkpoints; null keeps all.
+    keep_last: int | None = Field(2, ge=1)
+    #: Write the state in a background thread (torch.distributed.checkpoint's async_save): the
+    #: loop blocks only while it is copied aside. The checkpoint is committed (manifest,
+    #: ``latest``) once written, at the next save or the end of training. ``dcp`` format only.
+    async_save: bool = False
+
+
+class LaunchConfig(Section):
+    #: Processes per machine. Null: one per GPU, or 1 on a machine without GPUs.
+    num_processes: int | None = Field(None, ge=1)
+    num_machines: int = Field(1, ge=1)
+    machine_rank: int = Field(0, ge=0)
+    #: Address of machine 0; required with several machines.
+    main_process_ip: str | None = None
+    main_process_port: int = Field(29500, ge=1, le=65535)
+    #: ``static`` (fixed machine ranks) or ``c10d`` (elastic rendezvous).
+    rdzv_backend: Literal["static", "c10d"] = "static"
+    max_restarts: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _rank_in_range(self) -> LaunchConfig:
+        if self.num_machines > 1 and not self.main_process_ip:
+            raise ValueError("with several machines, launch.main_process_ip (--main-process-ip) must name machine 0")
+        if self.machine_rank >= self.num_machines:
+            raise ValueError(
+                f"launch.machine_rank ({self.machine_rank}) must be below launch.num_machines ({self.num_machines})"
+            )
+        return self
+
+
+class JobConfig(Section):
+    output_dir: str = "runs/demo"
+    #: ``latest`` (or ``auto``: latest if any, else start fresh) or a checkpoint path.
+    resume: str | None = None
+    overwrite: bool = False
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    #: ``name`` plus the options whose schema the strategy owns.
+    strategy: dict[str, Any] = Field(default_factory=lambda: {"name": DEFAULT_STRATEGY})
+
+    @property
+    def max_steps(self) -> int | None:
+        if self.training.max_steps is None and self.training.epochs is None:
+            return DEFAULT_MAX_STEPS
+        return self.training.max_steps

@@ -1,0 +1,36 @@
+"""Plugins: the pluggy manager (:mod:`~acc_train.plugins.manager`) and the registries of what
+plugins register by name (:mod:`~acc_train.plugins.registry`)."""
+
+from __future__ import annotations
+
+from acc_train.plugins.manager import (
+    BUILTIN,
+    ENV_BLOCK,
+    ENV_DISABLE_AUTOLOAD,
+    ENV_TRACE,
+    PluginFailure,
+    PluginInfo,
+    accelerate_config_section,
+    call_lifecycle,
+    get_plugin_manager,
+    plugin_infos,
+    register_temporarily,
+)
+from acc_train.plugins.registry import (
+    KNOWN_STRATEGY_PACKAGES,
+    NameConflictError,
+    Registry,
+    StrategyRegistry,
+    checkpoint_formats,
+    plugin_failures,
+    reset,
+    strategies,
+    wrap_policies,
+)
+
+__all__ = [
+    "BUILTIN", "ENV_BLOCK", "ENV_DISABLE_AUTOLOAD", "ENV_TRACE", "KNOWN_STRATEGY_PACKAGES", "NameConflictError",
+    "PluginFailure", "PluginInfo", "Registry", "StrategyRegistry", "accelerate_config_section", "call_lifecycle",
+    "checkpoint_formats", "get_plugin_manager", "plugin_failures", "plugin_infos", "register_temporarily", "reset",
+    "strategies", "wrap_policies",
+]  # fmt: skip
