@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from acc_train.accelerator import cpu_has_native_bf16, resolve_mixed_precision
+from acc_train.machine import cpu_has_native_bf16, resolve_mixed_precision
 from acc_train.errors import UserError
 from acc_train.strategy import Machine
 
@@ -24,7 +24,7 @@ def test_explicit_precision_is_kept_and_fp16_on_cpu_is_refused() -> None:
 def test_auto_precision_on_gpu_is_bf16_where_supported() -> None:
     import torch
 
-    from acc_train.accelerator import current_machine
+    from acc_train.machine import current_machine
 
     machine = current_machine()
     assert machine.device_type == "cuda"

@@ -23,8 +23,7 @@ from typing import Any
 
 from pydantic import Field
 
-from acc_train import Strategy, StrategyOptions, UserError, hookimpl
-from acc_train.checkpoint import CheckpointFormat
+from acc_train.api import CheckpointFormat, Strategy, StrategyOptions, UserError, hookimpl
 
 __all__ = ["LocalSGDOptions", "LocalSGDStrategy", "PerRankFormat"]
 
@@ -79,7 +78,7 @@ class PerRankFormat(CheckpointFormat):
     def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
         from safetensors.torch import save_file, save_model
 
-        from acc_train.checkpoint import flatten_optimizer_state
+        from acc_train.api import flatten_optimizer_state
 
         rank = accelerator.process_index
         save_model(accelerator.unwrap_model(model), str(directory / f"model-rank{rank:05d}.safetensors"))
@@ -90,7 +89,7 @@ class PerRankFormat(CheckpointFormat):
     def load(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
         from safetensors.torch import load_file, load_model
 
-        from acc_train.checkpoint import unflatten_optimizer_state
+        from acc_train.api import unflatten_optimizer_state
 
         rank = accelerator.process_index
         model_file = directory / f"model-rank{rank:05d}.safetensors"

@@ -17,47 +17,13 @@ import accelerate
 
 from acc_train.config.strategy import resolve_strategy
 from acc_train.errors import UserError
-from acc_train.strategy import DEFAULT_STRATEGY, Machine, Strategy
+from acc_train.machine import cpu_has_native_bf16, current_machine, resolve_mixed_precision  # noqa: F401 (re-exported until the CLI imports acc_train.machine)
+from acc_train.strategy import DEFAULT_STRATEGY, Strategy
 
-__all__ = ["Accelerator", "current_machine", "resolve_mixed_precision", "ENV_STRATEGY"]
+__all__ = ["Accelerator", "strategy_from_env", "ENV_STRATEGY"]
 
 #: JSON ``{"name": ..., **options}`` set by the launcher for the workers.
 ENV_STRATEGY = "ACC_TRAIN_STRATEGY"
-
-
-def current_machine() -> Machine:
-    import torch
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    nodes = max(1, world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-    if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in {"1", "true", "yes"}:
-        return Machine("cuda", world, nodes)
-    return Machine("cpu", world, nodes)
-
-
-def cpu_has_native_bf16() -> bool:
-    import torch
-
-    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool((probe and probe()) or (amx and amx()))
-
-
-def resolve_mixed_precision(requested: str, machine: Machine) -> str:
-    """``auto``: bf16 where the device computes it natively, else fp32 (``no``)."""
-    if requested != "auto":
-        if requested == "fp16" and machine.device_type == "cpu":
-            raise UserError(
-                "fp16 mixed precision needs a GPU",
-                where="training.mixed_precision",
-                hint="use auto, bf16 or no on a CPU",
-            )
-        return requested
-    import torch
-
-    if machine.device_type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if cpu_has_native_bf16() else "no"
 
 
 def strategy_from_env() -> Strategy[Any]:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from acc_train import Machine, Question, Strategy, StrategyOptions, UserError, hookimpl
+from acc_train.api import Machine, Question, Strategy, StrategyOptions, UserError, hookimpl
 
 __all__ = ["DDPOptions", "DDPStrategy"]
 

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from acc_train import UserError
-from acc_train.config import check_accelerate_section
+from acc_train.api import UserError, check_accelerate_section
 
 __all__ = ["load_ds_config", "from_accelerate_section"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from acc_train.model_state import ModelStateMeter, local_nbytes
+from acc_train.api import ModelStateMeter, local_nbytes
 
 __all__ = ["ZeroMeter"]
 

@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from acc_train import Machine, Strategy, StrategyOptions, UserError
-from acc_train.model_state import ModelStateMeter
+from acc_train.api import Machine, ModelStateMeter, Strategy, StrategyOptions, UserError
 from acc_train_deepspeed.config import load_ds_config
 
 if TYPE_CHECKING:
-    from acc_train.memory_plan import MemoryPlan, PlanInput
+    from acc_train.api import MemoryPlan, PlanInput
 
 __all__ = ["DeepSpeedOptions", "DeepSpeedStrategy"]
 
@@ -124,7 +123,7 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
         gas = training.gradient_accumulation_steps if training else 1
         clip = (training.max_grad_norm or 0.0) if training else 0.0
         if options.config_file is not None:
-            from acc_train.accelerator import current_machine, resolve_mixed_precision
+            from acc_train.api import current_machine, resolve_mixed_precision
 
             precision = resolve_mixed_precision(training.mixed_precision if training else "auto", current_machine())
             mbs = training.micro_batch_size if training else "auto"
@@ -156,7 +155,7 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
     def after_accelerator(self, accelerator: Any) -> None:
         if accelerator.acc_machine.device_type != "cpu":
             return
-        from acc_train.accelerate_compat import run_sharded_on_cpu
+        from acc_train.api import run_sharded_on_cpu
 
         plugin = accelerator.acc_kwargs["deepspeed_plugin"]
         plugin.set_mixed_precision(accelerator.mixed_precision)
@@ -199,7 +198,7 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
         (2 bytes each under bf16/fp16, 4 in fp32), and K = 12 bytes of optimizer state (fp32
         master partition, momentum, variance), which DeepSpeed keeps even in fp32 training.
         Measured in fp32: ZeRO-1 8psi + 12psi/N, ZeRO-2 4psi + 16psi/N, ZeRO-3 20psi/N."""
-        from acc_train.memory_plan import MemoryPlan
+        from acc_train.api import MemoryPlan
 
         options = self.options
         psi, n = plan.parameters, plan.world_size

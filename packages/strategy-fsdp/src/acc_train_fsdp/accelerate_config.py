@@ -9,8 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from acc_train import UserError
-from acc_train.config import check_accelerate_section
+from acc_train.api import UserError, check_accelerate_section
 
 __all__ = ["strategy_from_accelerate_config"]
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from acc_train import StrategyOptions
+from acc_train.api import StrategyOptions
 
 __all__ = ["FSDPOptions", "MixedPrecisionPolicy", "V1_ONLY", "V2_ONLY"]
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from acc_train import Question, Strategy, WrapPolicy, hookimpl
-from acc_train.checkpoint import CheckpointFormat
+from acc_train.api import CheckpointFormat, Question, Strategy, WrapPolicy, hookimpl
 from acc_train_fsdp.accelerate_config import strategy_from_accelerate_config
 from acc_train_fsdp.checkpoint import FullFormat
 from acc_train_fsdp.policies import NoWrapPolicy, SizePolicy, TransformerLayerPolicy
@@ -42,7 +41,7 @@ def acc_train_accelerate_config(distributed_type: str, config: dict[str, Any]) -
 def acc_train_config_questions(strategy_name: str) -> list[Question] | None:
     if strategy_name != FSDPStrategy.name:
         return None
-    from acc_train.plugins import wrap_policies
+    from acc_train.api import wrap_policies
 
     return [
         Question("version", "FSDP version", default=2, choices=(2, 1), help="2: fully_shard (per-parameter DTensors); 1: FullyShardedDataParallel"),

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from acc_train import UserError, WrapPolicy
-from acc_train.errors import closest
+from acc_train.api import UserError, WrapPolicy, closest
 
 __all__ = ["TransformerLayerPolicy", "SizePolicy", "NoWrapPolicy", "layer_class_names"]
 

@@ -12,11 +12,11 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from acc_train import Machine, Strategy, UserError
+from acc_train.api import Machine, Strategy, UserError
 from acc_train_fsdp.options import FSDPOptions
 
 if TYPE_CHECKING:
-    from acc_train.memory_plan import MemoryPlan, PlanInput
+    from acc_train.api import MemoryPlan, PlanInput
 
 __all__ = ["FSDPStrategy"]
 
@@ -69,7 +69,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         from accelerate.utils import FullyShardedDataParallelPlugin
 
         options = self.options
-        from acc_train.accelerator import current_machine
+        from acc_train.api import current_machine
 
         on_cpu = current_machine().device_type == "cpu"
         ram_efficient = options.cpu_ram_efficient_loading
@@ -114,7 +114,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
     @staticmethod
     def _sync_module_states(options: FSDPOptions) -> bool:
         """FSDP1's rank-0 broadcast at wrap time needs an accelerator to initialise on."""
-        from acc_train.accelerator import current_machine
+        from acc_train.api import current_machine
 
         if current_machine().device_type != "cpu":
             return True if options.sync_module_states is None else options.sync_module_states
@@ -128,7 +128,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
     def after_accelerator(self, accelerator: Any) -> None:
         if accelerator.acc_machine.device_type != "cpu":
             return
-        from acc_train.accelerate_compat import run_sharded_on_cpu
+        from acc_train.api import run_sharded_on_cpu
 
         plugin = accelerator.acc_kwargs["fsdp_plugin"]
         if accelerator.mixed_precision != "no":
@@ -142,7 +142,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         """Resolve the registered wrap policy against the model, in Accelerate's terms."""
         from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy, size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
-        from acc_train.plugins import wrap_policies
+        from acc_train.api import wrap_policies
         from acc_train_fsdp.policies import layer_class_names
 
         options = self.options
@@ -210,7 +210,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         """Parameters, gradients and Adam's moments, all fp32 (under bf16 FSDP casts the
         gathered copy only), sharded 1/N; shard_grad_op keeps the gathered parameters from
         forward to backward. Measured in fp32: 16psi/N (BENCHMARKS.md)."""
-        from acc_train.memory_plan import MemoryPlan, replicated
+        from acc_train.api import MemoryPlan, replicated
 
         options = self.options
         psi, n = plan.parameters, plan.world_size

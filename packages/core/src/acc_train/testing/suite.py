@@ -35,7 +35,7 @@ if name in out["names"]:
         schema_ok=isinstance(s.options_schema, type) and issubclass(s.options_schema, StrategyOptions),
         infos={i.name: i.distribution for i in plugins.plugin_infos()},
     )
-out["heavy_imports"] = sorted(m for m in ("torch", "accelerate", "deepspeed", "transformers") if m in sys.modules)
+out["heavy_imports"] = sorted(m for m in ("torch", "accelerate", "transformers") if m in sys.modules)  # every heavy library imports torch
 print(json.dumps(out))
 """
 

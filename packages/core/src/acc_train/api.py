@@ -1,0 +1,59 @@
+"""The public API for plugin authors: everything a strategy package imports from acc-train.
+
+A strategy, wrap policy or checkpoint format plugin imports from this module (or the same
+names from ``acc_train``) and from nothing else in acc-train; an import-linter contract holds
+acc-train's own strategy packages to it. Importing it does not import torch or accelerate;
+``Accelerator`` loads them when first used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from acc_train.accelerate_compat import run_sharded_on_cpu
+from acc_train.checkpoint import (
+    CheckpointFormat,
+    DCPFormat,
+    flatten_optimizer_state,
+    load_portable_into,
+    read_portable_state,
+    unflatten_optimizer_state,
+    write_portable_state,
+)
+from acc_train.config.accelerate_file import check_accelerate_section
+from acc_train.config.strategy import resolve_strategy
+from acc_train.errors import PluginError, UserError, closest
+from acc_train.hookspecs import hookimpl
+from acc_train.machine import current_machine, resolve_mixed_precision
+from acc_train.memory_plan import MemoryPlan, PlanInput, replicated
+from acc_train.model_state import ModelStateMeter, TorchOptimizerMeter, local_nbytes
+from acc_train.plugins import checkpoint_formats, strategies, wrap_policies
+from acc_train.questions import Question
+from acc_train.strategy import DEFAULT_STRATEGY, Machine, Strategy, StrategyOptions, WrapPolicy
+
+if TYPE_CHECKING:
+    from acc_train.accelerator import Accelerator
+
+__all__ = [
+    # the strategy contract
+    "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
+    # hooks, questions for the wizard, errors
+    "hookimpl", "Question", "PluginError", "UserError", "closest",
+    # registries
+    "checkpoint_formats", "strategies", "wrap_policies",
+    # checkpoint formats and the portable state
+    "CheckpointFormat", "DCPFormat", "flatten_optimizer_state", "load_portable_into", "read_portable_state",
+    "unflatten_optimizer_state", "write_portable_state",
+    # accounting for run.json and acc-train plan
+    "MemoryPlan", "ModelStateMeter", "PlanInput", "TorchOptimizerMeter", "local_nbytes", "replicated",
+    # the machine, Accelerate and accelerate config files
+    "Accelerator", "check_accelerate_section", "current_machine", "resolve_mixed_precision", "run_sharded_on_cpu",
+]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Accelerator":  # imports accelerate: only when used
+        from acc_train.accelerator import Accelerator
+
+        return Accelerator
+    raise AttributeError(f"module 'acc_train.api' has no attribute {name!r}")
