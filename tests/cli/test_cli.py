@@ -34,6 +34,19 @@ def test_listing_and_help_import_neither_torch_nor_accelerate(args: list[str]) -
     assert "HEAVY []" in proc.stdout
 
 
+def test_help_imports_nothing_of_core() -> None:
+    """--help stays fast: importing core (pydantic, pluggy) costs more than click and the CLI."""
+    code = (
+        "import sys\n"
+        "from acc_train_cli.main import cli\n"
+        "try:\n    cli.main(['--help'], prog_name='acc-train', standalone_mode=False)\nexcept SystemExit:\n    pass\n"
+        "print('CORE', sorted(m for m in sys.modules if m == 'acc_train' or m.startswith('acc_train.')))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "CORE []" in proc.stdout, proc.stdout
+
+
 def test_help_lists_the_commands() -> None:
     proc = run_cli("--help")
     assert proc.returncode == 0

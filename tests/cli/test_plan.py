@@ -120,3 +120,21 @@ def test_fewer_than_one_process_is_exit_2(n: str) -> None:
     proc = run_cli("plan", "--num-processes", n)
     assert proc.returncode == 2
     assert "launch.num_processes" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_default_config_file_shapes_the_plan_as_it_shapes_a_run(tmp_path: Path) -> None:
+    """`acc-train plan` resolves the job as `acc-train` does: defaults < the default config
+    file < flags < --set."""
+    default = tmp_path / "default_config.yaml"
+    default.write_text("strategy:\n  name: zero3\ntraining:\n  micro_batch_size: 16\n")
+    env = {"ACC_TRAIN_CONFIG_FILE": str(default)}
+    proc = run_cli("plan", "--json", "--num-processes", "4", "--mixed-precision", "no", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert [r["label"] for r in data["rows"] if r["job"]] == ["zero3"]
+    assert data["micro_batch_size"] == 16
+    assert f"using the default config file {default}" in proc.stderr
+    trained = run_cli("--print-config", env=env)  # the same file, read the same way by a run
+    assert trained.returncode == 0 and "name: zero3" in trained.stdout, trained.stderr
+    flags = json.loads(run_cli("plan", "--json", "--micro-batch-size", "2", "--set", "strategy.name=ddp", env=env).stdout)
+    assert flags["micro_batch_size"] == 2 and [r["label"] for r in flags["rows"] if r["job"]] == ["ddp"]  # flags and --set win

@@ -212,7 +212,7 @@ def save_config(config: dict[str, Any], target: Path) -> None:
 def config_group(ctx: click.Context, assume_yes: bool, config_file: str | None) -> None:
     """Ask about this machine and strategy, and save the answers as the default config.
 
-    `acc-train` (and `acc-train launch`) reads the saved file when no --config is given:
+    `acc-train` (and `launch` and `plan`) reads the saved file when no --config is given:
     defaults < this file < --config FILE (instead of it) < flags < --set.
 
     \b

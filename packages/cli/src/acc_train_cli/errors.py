@@ -1,4 +1,9 @@
-"""How every ``acc-train`` command reports a mistake in the user's input."""
+"""How every ``acc-train`` command reports a problem: a mistake in the user's input (one message,
+exit ``acc_train.errors.EXIT_USER_ERROR``, no traceback) or a plugin that failed to load (a warning).
+
+The exit code is core's one constant, which the workers exit with and the launcher reads too;
+it is imported when a command runs, as everything of core is, so ``--help`` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +14,15 @@ from typing import Any
 
 import click
 
-__all__ = ["EXIT_USER_ERROR", "user_errors"]
-
-EXIT_USER_ERROR = 2
+__all__ = ["report_plugin_failures", "user_errors"]
 
 
 def user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Mistakes in the user's input: one message, exit 2, no traceback."""
+    """Mistakes in the user's input: one message, the user-error exit code, no traceback."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from acc_train.errors import UserError
+        from acc_train.errors import EXIT_USER_ERROR, UserError
 
         try:
             return f(*args, **kwargs)
@@ -28,3 +31,11 @@ def user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(EXIT_USER_ERROR)
 
     return wrapper
+
+
+def report_plugin_failures() -> None:
+    """One warning per plugin that failed to load; the others keep working."""
+    from acc_train.plugins import plugin_failures
+
+    for failure in plugin_failures():
+        click.echo(f"warning: {failure}", err=True)

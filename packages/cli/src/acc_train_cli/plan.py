@@ -13,7 +13,10 @@ from typing import Any
 
 import click
 
-__all__ = ["plan", "human_bytes"]
+from acc_train_cli.errors import report_plugin_failures, user_errors
+from acc_train_cli.job import merge_parent_params, resolve_job
+
+__all__ = ["build_plan", "human_bytes", "plan"]
 
 
 def human_bytes(n: float) -> str:
@@ -46,7 +49,7 @@ def _check_model_path(name: str | None) -> None:
 def _precision(requested: str) -> str:
     if requested != "auto":
         return requested  # planning fp16 for a GPU from a CPU machine is fine
-    from acc_train.accelerator import current_machine, resolve_mixed_precision
+    from acc_train.machine import current_machine, resolve_mixed_precision
 
     return resolve_mixed_precision(requested, current_machine())
 
@@ -167,41 +170,23 @@ def _print_table(data: dict[str, Any]) -> None:
 @click.option("--set", "sets", multiple=True, metavar="KEY.PATH=VALUE", help="Set any config key (repeatable), e.g. data.seq_len=2048.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes).")
 @click.pass_context
+@user_errors
 def plan(ctx: click.Context, model: str | None, as_json: bool, **params: Any) -> None:
     """Per-rank memory of the job under every installed strategy and preset, before running it.
 
     Parameters, gradients, optimizer state (each strategy's own accounting, exact for what
     it holds at rest), an estimate of the activations for the configured micro-batch and
     sequence length, and the total. The model is counted on the meta device: nothing is
-    allocated, so any size can be planned on a laptop.
+    allocated, so any size can be planned on a laptop. The job is resolved as `acc-train`
+    resolves it: defaults < the default config file or --config FILE < flags < --set.
 
     \b
       acc-train plan --num-processes 8 --mixed-precision bf16
       acc-train plan --model ./my-model --set data.seq_len=2048 --micro-batch-size 4
     """
-    from acc_train_cli.errors import user_errors
-
-    user_errors(_plan)(ctx, model, as_json, params)
-
-
-def _plan(ctx: click.Context, model: str | None, as_json: bool, params: dict[str, Any]) -> None:
-    from acc_train.config import load_job
-
-    from acc_train_cli.main import FLAG_KEYS, _report_plugin_failures
-
-    merged = {k: (v if v not in (None, ()) else (ctx.obj or {}).get(k)) for k, v in params.items()}
-    for key, value in (ctx.obj or {}).items():  # job flags given before `plan`
-        merged.setdefault(key, value)
-    flags: dict[str, Any] = {}
-    for name, dotted in FLAG_KEYS.items():
-        value = merged.get(name)
-        if value is None or value == ():
-            continue
-        flags[dotted] = (list(value) if isinstance(value, tuple) else value, "--" + name.replace("_", "-"))
-    if model is not None:
-        flags["model.name_or_path"] = (model, "--model")
-    job = load_job(merged.get("config_file"), flags, merged.get("sets") or ())
-    _report_plugin_failures()
+    model_flag = {"model.name_or_path": (model, "--model")} if model is not None else {}
+    job = resolve_job(merge_parent_params(ctx, params), model_flag)
+    report_plugin_failures()
     _check_model_path(job.config.model.name_or_path)
     data = build_plan(job)
     if as_json:

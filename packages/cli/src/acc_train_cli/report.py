@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import click
 
+from acc_train_cli.errors import user_errors
+
 __all__ = ["report"]
 
 
 @click.command()
 @click.argument("output_dir", metavar="OUTPUT_DIR")
 @click.option("--no-png", is_flag=True, help="Print the summary only; do not draw report.png.")
+@user_errors
 def report(output_dir: str, no_png: bool) -> None:
     """Summarise a run (strategy, world size, steps, tokens/s, losses, checkpoints) and draw
     OUTPUT_DIR/report.png: loss and eval loss, learning rate and tokens/s against step."""
-    from acc_train_cli.errors import user_errors
-
-    user_errors(_report)(output_dir, no_png)
-
-
-def _report(output_dir: str, no_png: bool) -> None:
     from acc_train.report import draw_report, format_summary, read_run
 
     record = read_run(output_dir)

@@ -17,7 +17,7 @@ import accelerate
 
 from acc_train.config.strategy import resolve_strategy
 from acc_train.errors import UserError
-from acc_train.machine import cpu_has_native_bf16, current_machine, resolve_mixed_precision  # noqa: F401 (re-exported until the CLI imports acc_train.machine)
+from acc_train.machine import current_machine, resolve_mixed_precision
 from acc_train.strategy import DEFAULT_STRATEGY, Strategy
 
 __all__ = ["Accelerator", "strategy_from_env", "ENV_STRATEGY"]
