@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from acc_train.yaml_loader import Loader
+
 __all__ = ["Question", "parse_answer", "show_answer"]
 
 
@@ -55,8 +57,6 @@ def show_answer(question: Question, value: Any) -> str:
 
 def parse_answer(question: Question, text: str) -> Any:
     """The value typed as ``text``; raises ValueError with the reason for an answer that is not one."""
-    from acc_train.config import Loader
-
     text = text.strip()
     if question.choices:
         for choice in question.choices:

@@ -4,7 +4,6 @@ and the merge of layers (defaults < file < flags < ``--set``)."""
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,26 +11,9 @@ from typing import Any
 import yaml
 
 from acc_train.errors import UserError
+from acc_train.yaml_loader import Loader
 
 __all__ = ["Loader", "Sources", "read_yaml_file", "parse_set", "set_dotted", "deep_merge"]
-
-
-class Loader(yaml.SafeLoader):
-    """YAML as people write it: ``1e-4`` is a float (PyYAML's YAML 1.1 rules read it as text)."""
-
-
-Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+][0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
 
 
 @dataclass
