@@ -272,7 +272,7 @@ def checkpoint() -> None:
 @user_errors
 def checkpoint_inspect(path: str, as_json: bool) -> None:
     """What a checkpoint's manifest says, and whether its files match it (exit 2 if not)."""
-    from acc_train.checkpoint_tools import inspect_checkpoint
+    from acc_train.checkpoint.tools import inspect_checkpoint
 
     info = inspect_checkpoint(path)
     if as_json:
@@ -304,7 +304,7 @@ def checkpoint_inspect(path: str, as_json: bool) -> None:
 @user_errors
 def checkpoint_convert(path: str, to: str, world_size: int | None, out: str) -> None:
     """Write PATH's state as a checkpoint in another format, at OUT (a new directory)."""
-    from acc_train.checkpoint_tools import convert_checkpoint
+    from acc_train.checkpoint.tools import convert_checkpoint
 
     target = convert_checkpoint(path, to, out, world_size)
     click.echo(f"converted -> {target} (format {to}; resume it with --resume {target})")
@@ -317,7 +317,7 @@ def checkpoint_convert(path: str, to: str, world_size: int | None, out: str) -> 
 @user_errors
 def checkpoint_export(path: str, to: str, out: str) -> None:
     """Write PATH's model as a transformers save_pretrained directory (safetensors) at OUT."""
-    from acc_train.checkpoint_tools import export_checkpoint
+    from acc_train.checkpoint.tools import export_checkpoint
 
     target = export_checkpoint(path, to, out)
     click.echo(f"exported -> {target} (AutoModelForCausalLM.from_pretrained loads it)")

@@ -25,6 +25,8 @@ class DeepSpeedCheckpointFormat(CheckpointFormat):
     name = "deepspeed"
     description = "DeepSpeed's own per-rank files, plus the portable state (safetensors) for other strategies"
     writes_portable = True
+    #: ``load`` resumes from the portable state alone (a converted checkpoint has no ``deepspeed/``)
+    convert_target = True
 
     def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
         from acc_train.checkpoint import write_portable_state

@@ -31,6 +31,16 @@ def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat],
 
 
 @hookimpl
+def acc_train_library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return {"deepspeed": version("deepspeed")}
+    except PackageNotFoundError:
+        return {}
+
+
+@hookimpl
 def acc_train_config_questions(strategy_name: str) -> list[Question] | None:
     if strategy_name != DeepSpeedStrategy.name:
         return None
