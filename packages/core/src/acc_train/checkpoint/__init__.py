@@ -20,8 +20,18 @@ from __future__ import annotations
 
 from acc_train.checkpoint.faults import fault_point
 from acc_train.checkpoint.format import CheckpointFormat, DCPFormat
-from acc_train.checkpoint.layout import LATEST, STAGING_PREFIX, find_checkpoint, resolve_checkpoint, step_dir_name
-from acc_train.checkpoint.manager import CheckpointManager, TrainerState, check_async_save
+from acc_train.checkpoint.layout import (
+    LATEST,
+    STAGING_PREFIX,
+    find_checkpoint,
+    resolve_checkpoint,
+    step_dir_name,
+)
+from acc_train.checkpoint.manager import (
+    CheckpointManager,
+    TrainerState,
+    check_async_save,
+)
 from acc_train.checkpoint.manifest import (
     MANIFEST,
     check_same_model,

@@ -7,7 +7,12 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from acc_train.checkpoint.portable import load_portable_into, read_portable_full, torch_optimizer, write_portable_state
+from acc_train.checkpoint.portable import (
+    load_portable_into,
+    read_portable_full,
+    torch_optimizer,
+    write_portable_state,
+)
 from acc_train.errors import UserError
 
 if TYPE_CHECKING:

@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING, Any
 from acc_train.checkpoint.faults import fault_point
 from acc_train.checkpoint.format import CheckpointFormat
 from acc_train.checkpoint.layout import LATEST, STAGING_PREFIX, step_dir_name
-from acc_train.checkpoint.manifest import MANIFEST, check_same_model, file_table, library_versions, verify_checkpoint, write_json
+from acc_train.checkpoint.manifest import (
+    MANIFEST,
+    check_same_model,
+    file_table,
+    library_versions,
+    verify_checkpoint,
+    write_json,
+)
 from acc_train.checkpoint.portable import PORTABLE_DIR
 from acc_train.checkpoint.rng import capture_rng, restore_rng
 from acc_train.errors import UserError

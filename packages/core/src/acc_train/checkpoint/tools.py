@@ -17,8 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from acc_train.checkpoint.layout import resolve_checkpoint
-from acc_train.checkpoint.manifest import MANIFEST, file_table, verify_checkpoint, write_json
-from acc_train.checkpoint.portable import PORTABLE_DIR, read_portable_full, write_portable_full
+from acc_train.checkpoint.manifest import (
+    MANIFEST,
+    file_table,
+    verify_checkpoint,
+    write_json,
+)
+from acc_train.checkpoint.portable import (
+    PORTABLE_DIR,
+    read_portable_full,
+    write_portable_full,
+)
 from acc_train.errors import UserError
 
 __all__ = ["resolve_checkpoint", "inspect_checkpoint", "convert_targets", "read_full_state", "convert_checkpoint", "export_checkpoint"]
