@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from acc_train.checkpoint.format import CheckpointFormat
 from acc_train.checkpoint.layout import resolve_checkpoint
 from acc_train.checkpoint.manifest import (
     MANIFEST,
@@ -30,7 +31,15 @@ from acc_train.checkpoint.portable import (
 )
 from acc_train.errors import UserError
 
-__all__ = ["resolve_checkpoint", "inspect_checkpoint", "convert_targets", "read_full_state", "convert_checkpoint", "export_checkpoint"]
+__all__ = [
+    "resolve_checkpoint",
+    "inspect_checkpoint",
+    "registered_formats",
+    "convert_targets",
+    "read_full_state",
+    "convert_checkpoint",
+    "export_checkpoint",
+]
 
 
 def inspect_checkpoint(path: str) -> dict[str, Any]:
@@ -69,23 +78,27 @@ def _new_output(out: str) -> tuple[Path, Path]:
     return target, staging
 
 
+def registered_formats() -> dict[str, CheckpointFormat]:
+    """Every installed checkpoint format, by name: the plugin registry's (this module's one
+    reach above the checkpoint package, made when a command runs)."""
+    from acc_train.plugins import checkpoint_formats
+
+    return {fmt.name: fmt for fmt, _ in checkpoint_formats().primary()}
+
+
 def convert_targets() -> list[str]:
     """The registered checkpoint formats ``convert`` writes: each resumes from the portable
     state alone, under any world size (``CheckpointFormat.convert_target``)."""
-    from acc_train.plugins import checkpoint_formats
-
-    return [fmt.name for fmt, _ in checkpoint_formats().primary() if fmt.convert_target]
+    return [name for name, fmt in registered_formats().items() if fmt.convert_target]
 
 
 def read_full_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """A verified checkpoint's whole state, keyed as the portable state is, read by the format
     its manifest names (the portable state itself where that format is not installed)."""
-    from acc_train.plugins import checkpoint_formats
-
-    formats = checkpoint_formats()
     name = manifest.get("format")
-    if isinstance(name, str) and name in formats.names():
-        return formats.get(name).read_full_state(ckpt, manifest)
+    fmt = registered_formats().get(name) if isinstance(name, str) else None
+    if fmt is not None:
+        return fmt.read_full_state(ckpt, manifest)
     if manifest.get("portable"):
         return read_portable_full(ckpt)
     raise UserError(
