@@ -45,8 +45,7 @@ def test_ranks_train_apart_and_are_averaged_every_sync_every_steps(acc_train_kit
 
 
 def test_user_scripts_are_refused_rather_than_run_as_plain_ddp() -> None:
-    from acc_train import UserError
-    from acc_train_localsgd import LocalSGDOptions, LocalSGDStrategy
+    from acc_train import UserError, resolve_strategy
 
     with pytest.raises(UserError, match="accelerate.local_sgd.LocalSGD"):
-        LocalSGDStrategy().accelerator_kwargs(LocalSGDOptions(), None)
+        resolve_strategy("local-sgd").accelerator_kwargs(None)

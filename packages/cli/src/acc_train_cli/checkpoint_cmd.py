@@ -59,7 +59,7 @@ def checkpoint_inspect(path: str, as_json: bool) -> None:
 
 @checkpoint.command("convert")
 @click.argument("path")
-@click.option("--to", "to", required=True, metavar="FORMAT", help="Target format: dcp or deepspeed.")
+@click.option("--to", "to", required=True, metavar="FORMAT", help="Target format: a registered format that can be written from the portable state (see `acc-train plugins`).")
 @click.option("--world-size", type=int, metavar="N", help="World size the converted checkpoint is for (default: the writer's).")
 @click.argument("out")
 @user_errors

@@ -84,8 +84,12 @@ def env() -> None:
     acc_dists = sorted({d.metadata["Name"] for d in metadata.distributions() if (d.metadata["Name"] or "").startswith("acc-train")})
     for dist in acc_dists:
         lines[dist] = version(dist)
-    for dist in ("torch", "accelerate", "transformers", "datasets", "safetensors", "deepspeed", "pluggy"):
-        lines[dist] = version(dist)
+    from acc_train.plugins import library_versions
+
+    for dist, reported in library_versions().items():  # what each installed plugin depends on
+        lines.setdefault(dist, reported)
+    for dist in ("datasets", "pluggy"):
+        lines.setdefault(dist, version(dist))
     import torch
 
     lines["cuda available"] = str(torch.cuda.is_available())

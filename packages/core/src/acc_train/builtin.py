@@ -18,6 +18,23 @@ def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat],
     register(DCPFormat())
 
 
+#: what core itself runs on, reported in every checkpoint's manifest
+CORE_LIBRARIES = ("acc-train-core", "torch", "accelerate", "transformers", "safetensors")
+
+
+@hookimpl
+def acc_train_library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in CORE_LIBRARIES:
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
 @hookimpl
 def acc_train_train_end(run: RunContext, summary: dict[str, Any]) -> None:
     """Draw the run's report.png once run.json is written (main process). A failure to draw

@@ -1,9 +1,11 @@
 """``acc-train checkpoint inspect | convert | export``: checkpoints as things of their own.
 
-Everything here runs in one process, without a process group: a checkpoint's portable state
-(DCP safetensors shards keyed by parameter name) is assembled whole with
-:func:`acc_train.checkpoint.read_portable_full`. Nothing is written until the input has been
-checked against its manifest, and outputs appear atomically (written beside, then renamed).
+Everything here runs in one process, without a process group: a checkpoint's state is read
+whole through its format's :meth:`~acc_train.checkpoint.CheckpointFormat.read_full_state`
+(by default the portable state, DCP safetensors shards keyed by parameter name). Convert
+targets are the registered formats that say ``convert_target``. Nothing is written until the
+input has been checked against its manifest, and outputs appear atomically (written beside,
+then renamed).
 """
 
 from __future__ import annotations
@@ -14,33 +16,30 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from acc_train.checkpoint import (
-    LATEST,
+from acc_train.checkpoint.format import CheckpointFormat
+from acc_train.checkpoint.layout import resolve_checkpoint
+from acc_train.checkpoint.manifest import (
     MANIFEST,
-    PORTABLE_DIR,
-    _sha256,
-    _write_json,
-    read_portable_full,
+    file_table,
     verify_checkpoint,
+    write_json,
+)
+from acc_train.checkpoint.portable import (
+    PORTABLE_DIR,
+    read_portable_full,
+    write_portable_full,
 )
 from acc_train.errors import UserError
 
-__all__ = ["resolve_checkpoint", "inspect_checkpoint", "convert_checkpoint", "export_checkpoint", "CONVERT_TARGETS"]
-
-#: formats ``convert`` writes: each is made of the portable state alone, which the format's
-#: strategy resumes from under any world size
-CONVERT_TARGETS = ("dcp", "deepspeed")
-
-
-def resolve_checkpoint(path: str) -> Path:
-    """A checkpoint directory, or an output directory (its latest complete checkpoint)."""
-    p = Path(path)
-    pointer = p / "checkpoints" / LATEST
-    if pointer.is_file():
-        return p / "checkpoints" / pointer.read_text().strip()
-    if not p.exists():
-        raise UserError(f"{path!r} does not exist", where="PATH", hint="pass a checkpoint directory or a run's output directory")
-    return p
+__all__ = [
+    "resolve_checkpoint",
+    "inspect_checkpoint",
+    "registered_formats",
+    "convert_targets",
+    "read_full_state",
+    "convert_checkpoint",
+    "export_checkpoint",
+]
 
 
 def inspect_checkpoint(path: str) -> dict[str, Any]:
@@ -79,19 +78,31 @@ def _new_output(out: str) -> tuple[Path, Path]:
     return target, staging
 
 
-def _portable_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def registered_formats() -> dict[str, CheckpointFormat]:
+    """Every installed checkpoint format, by name: the plugin registry's (this module's one
+    reach above the checkpoint package, made when a command runs)."""
+    from acc_train.plugins import checkpoint_formats
+
+    return {fmt.name: fmt for fmt, _ in checkpoint_formats().primary()}
+
+
+def convert_targets() -> list[str]:
+    """The registered checkpoint formats ``convert`` writes: each resumes from the portable
+    state alone, under any world size (``CheckpointFormat.convert_target``)."""
+    return [name for name, fmt in registered_formats().items() if fmt.convert_target]
+
+
+def read_full_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """A verified checkpoint's whole state, keyed as the portable state is, read by the format
+    its manifest names (the portable state itself where that format is not installed)."""
+    name = manifest.get("format")
+    fmt = registered_formats().get(name) if isinstance(name, str) else None
+    if fmt is not None:
+        return fmt.read_full_state(ckpt, manifest)
     if manifest.get("portable"):
         return read_portable_full(ckpt)
-    if manifest.get("format") == "fsdp-full":  # gathered safetensors keyed by name
-        from safetensors.torch import load_file
-
-        flat = {f"model.{k}": v for k, v in load_file(str(ckpt / "model.safetensors")).items()}
-        for key, tensor in load_file(str(ckpt / "optimizer.safetensors")).items():
-            _, fqn, name = key.split("/")  # state/<fqn>/<name>
-            flat[f"optim.state.{fqn}.{name}"] = tensor
-        return flat
     raise UserError(
-        f"checkpoint format {manifest.get('format')!r} has no portable state to convert",
+        f"checkpoint format {name!r} has no portable state to convert",
         where=str(ckpt),
         hint="resume it under the strategy that wrote it, and save again with this version of acc-train",
     )
@@ -100,23 +111,17 @@ def _portable_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, Any]:
 def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = None) -> Path:
     """Write ``path`` as a checkpoint in format ``to`` at ``out``: the portable state (resharded
     by DCP when it is loaded, so valid for any world size), trainer state and RNG states."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageWriter
-
-    if to not in CONVERT_TARGETS:
-        raise UserError(f"cannot convert to {to!r}", where="--to", hint=f"choose one of: {', '.join(CONVERT_TARGETS)}")
+    targets = convert_targets()
+    if to not in targets:
+        raise UserError(f"cannot convert to {to!r}", where="--to", hint=f"choose one of: {', '.join(targets)}")
     if world_size is not None and world_size < 1:
         raise UserError(f"--world-size must be at least 1 (got {world_size})", where="--world-size")
     ckpt = resolve_checkpoint(path)
     manifest = verify_checkpoint(ckpt)
-    flat = _portable_state(ckpt, manifest)
+    flat = read_full_state(ckpt, manifest)
     target, staging = _new_output(out)
     try:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(flat, storage_writer=HuggingFaceStorageWriter(str(staging / PORTABLE_DIR)), no_dist=True)
+        write_portable_full(staging, flat)
         writer_world = int(manifest.get("world_size") or 1)
         new_world = world_size or writer_world
         for name in manifest["files"]:
@@ -124,16 +129,15 @@ def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = No
                 shutil.copy2(ckpt / name, staging / name)
             elif name.startswith("rng-rank") and int(name[8:13]) < new_world:
                 shutil.copy2(ckpt / name, staging / name)
-        files = {str(p.relative_to(staging)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staging.rglob("*")) if p.is_file()}
         converted = {
             **{k: v for k, v in manifest.items() if k != "files"},
             "format": to,
             "portable": PORTABLE_DIR,
             "world_size": new_world,
             "converted_from": {"path": str(ckpt), "format": manifest.get("format"), "world_size": writer_world},
-            "files": files,
+            "files": file_table(staging),
         }
-        _write_json(staging / MANIFEST, converted)
+        write_json(staging / MANIFEST, converted)
         os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -150,7 +154,7 @@ def export_checkpoint(path: str, to: str, out: str) -> Path:
     manifest = verify_checkpoint(ckpt)
     if not (ckpt / "model_config.json").is_file():
         raise UserError("the checkpoint has no model_config.json", where=str(ckpt), hint="export the run's final/ directory instead")
-    flat = _portable_state(ckpt, manifest)
+    flat = read_full_state(ckpt, manifest)
     weights = {k.removeprefix("model."): v for k, v in flat.items() if k.startswith("model.")}
 
     import torch

@@ -162,3 +162,20 @@ def acc_train_train_end(run: RunContext, summary: dict[str, Any]) -> None:
     :param run: the run's context.
     :param summary: the run summary.
     """
+
+
+# -------------------------------------------------------------------------
+# Report hooks: called when core records what a run ran with.
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def acc_train_library_versions() -> dict[str, str]:
+    """Report the versions of the libraries this plugin depends on, for checkpoint manifests.
+
+    Called on the main process each time a checkpoint is committed. Return a mapping of
+    distribution name to installed version (``{"deepspeed": "0.19.8"}``), leaving out the
+    libraries that are not installed. Every plugin's answer goes into the manifest's
+    ``versions``, core's first; a later plugin does not replace a version already reported.
+    Must be cheap: read ``importlib.metadata``, do not import the libraries.
+    """

@@ -24,7 +24,7 @@ from acc_train.checkpoint import (
 )
 from acc_train.config import ResolvedJob
 from acc_train.errors import UserError
-from acc_train.plugins import call_lifecycle, checkpoint_formats, register_temporarily
+from acc_train.plugins import call_lifecycle, checkpoint_formats, library_versions, register_temporarily
 from acc_train.run import RunContext, RunReporter
 
 __all__ = ["train", "prepare_output_dir", "RUN_FILES"]
@@ -170,7 +170,13 @@ def train(job: ResolvedJob) -> dict[str, Any]:
         out,
         fmt,
         cfg.checkpoint.keep_last,
-        {"strategy": job.config.strategy["name"], "strategy_options": job.strategy.options.model_dump(mode="json"), "model": fingerprint, "model_class": model_class},
+        {
+            "strategy": job.config.strategy["name"],
+            "strategy_options": job.strategy.options.model_dump(mode="json"),
+            "model": fingerprint,
+            "model_class": model_class,
+            "versions": library_versions(),
+        },
         # the data order is a function of these alone: processes, micro-batch size and
         # accumulation may change on resume as long as their product does not
         data_signature={

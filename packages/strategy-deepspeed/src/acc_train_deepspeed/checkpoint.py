@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from acc_train import UserError
-from acc_train.checkpoint import CheckpointFormat
+from acc_train.api import CheckpointFormat, UserError
 
 __all__ = ["DeepSpeedCheckpointFormat"]
 
@@ -25,9 +24,11 @@ class DeepSpeedCheckpointFormat(CheckpointFormat):
     name = "deepspeed"
     description = "DeepSpeed's own per-rank files, plus the portable state (safetensors) for other strategies"
     writes_portable = True
+    #: ``load`` resumes from the portable state alone (a converted checkpoint has no ``deepspeed/``)
+    convert_target = True
 
     def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
-        from acc_train.checkpoint import write_portable_state
+        from acc_train.api import write_portable_state
 
         model.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
         weights, moments = _gather_portable(model)
@@ -138,7 +139,7 @@ def _scatter_portable(engine: Any, directory: Path) -> None:
     import torch
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-    from acc_train.checkpoint import read_portable_state
+    from acc_train.api import read_portable_state
 
     zero = engine.optimizer
     stage = engine.zero_optimization_stage()

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from acc_train import Question, Strategy, hookimpl
-from acc_train.checkpoint import CheckpointFormat
-from acc_train_deepspeed.config import from_accelerate_section
+from acc_train.api import CheckpointFormat, Question, Strategy, hookimpl
 from acc_train_deepspeed.checkpoint import DeepSpeedCheckpointFormat
+from acc_train_deepspeed.config import from_accelerate_section
 from acc_train_deepspeed.strategy import DeepSpeedStrategy
 
 
@@ -28,6 +27,16 @@ def acc_train_accelerate_config(distributed_type: str, config: dict[str, Any]) -
 @hookimpl
 def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat], None]) -> None:
     register(DeepSpeedCheckpointFormat())
+
+
+@hookimpl
+def acc_train_library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return {"deepspeed": version("deepspeed")}
+    except PackageNotFoundError:
+        return {}
 
 
 @hookimpl

@@ -3,7 +3,8 @@
 Sharded checkpoints (the default, ``state_dict_type: sharded``) use core's ``dcp`` format: every
 rank writes its own shards as safetensors, and a load reshards them. ``fsdp-full`` gathers the
 whole model and optimizer state to rank 0 and writes it as safetensors + JSON, with parameter
-names as keys.
+names as keys. It writes no portable state, but its files are keyed by name, so
+``checkpoint convert`` and ``export`` read them through :meth:`FullFormat.read_full_state`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acc_train.checkpoint import CheckpointFormat, flatten_optimizer_state, load_portable_into, unflatten_optimizer_state
+from acc_train.api import CheckpointFormat, flatten_optimizer_state, load_portable_into, unflatten_optimizer_state
 
 __all__ = ["FullFormat"]
 
@@ -80,3 +81,14 @@ class FullFormat(CheckpointFormat):
     def load_portable(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
         """From another strategy's portable state (its own checkpoints are not portable)."""
         load_portable_into(model, optimizer, directory)
+
+    def read_full_state(self, directory: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+        """The gathered files, keyed as the portable state is (``model.<fqn>``,
+        ``optim.state.<fqn>.<name>``), in this process alone."""
+        from safetensors.torch import load_file
+
+        flat = {f"model.{k}": v for k, v in load_file(str(directory / "model.safetensors")).items()}
+        for key, tensor in load_file(str(directory / "optimizer.safetensors")).items():
+            _, fqn, name = key.split("/")  # state/<fqn>/<name>, as flatten_optimizer_state writes it
+            flat[f"optim.state.{fqn}.{name}"] = tensor
+        return flat

@@ -49,6 +49,10 @@ def from_accelerate_config(data: dict[str, Any], file: str) -> dict[str, Any]:
     """An ``accelerate config`` YAML as an acc-train config. Core maps the top level; the
     strategy plugin that answers ``acc_train_accelerate_config`` maps its own section."""
     installed = [strategy for strategy, _owner in strategies().primary()]
+    kind = str(data.get("distributed_type", "NO"))
+    declared = [strategy for strategy in installed if kind in strategy.accelerate_distributed_types]
+    if not declared and kind.lower() in KNOWN_STRATEGY_PACKAGES:  # one of acc-train's own, not installed here
+        raise strategies().not_found(kind.lower())
     sections = {key for strategy in installed for key in strategy.accelerate_config_sections}
     known = ACCELERATE_PASSIVE_KEYS | ACCELERATE_MAPPED_KEYS | sections
     for key in data:
@@ -79,14 +83,10 @@ def from_accelerate_config(data: dict[str, Any], file: str) -> dict[str, Any]:
         out["training"] = {"mixed_precision": "no" if mp in (False, None) else str(mp)}
     if out["launch"].get("rdzv_backend") not in (None, "static", "c10d"):
         raise UserError(f"rdzv_backend {out['launch']['rdzv_backend']!r} is not supported", where=file, hint="use static or c10d")
-    kind = str(data.get("distributed_type", "NO"))
     section = accelerate_config_section(kind, data)
     if section is not None:
         return deep_merge(out, section)
-    declared = [strategy for strategy in installed if kind in strategy.accelerate_distributed_types]
     if not declared:
-        if kind.lower() in KNOWN_STRATEGY_PACKAGES:  # one of acc-train's own, not installed here
-            raise strategies().not_found(kind.lower())
         answers = sorted({t for strategy in installed for t in strategy.accelerate_distributed_types})
         raise UserError(
             f"distributed_type {kind} is not supported by the installed strategies",

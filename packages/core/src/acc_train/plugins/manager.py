@@ -28,7 +28,7 @@ from acc_train.errors import PluginError, closest
 
 __all__ = [
     "ENV_DISABLE_AUTOLOAD", "ENV_BLOCK", "ENV_TRACE", "PluginFailure", "PluginInfo", "get_plugin_manager",
-    "plugin_infos", "forget_plugins", "accelerate_config_section", "call_lifecycle", "register_temporarily",
+    "plugin_infos", "forget_plugins", "accelerate_config_section", "library_versions", "call_lifecycle", "register_temporarily",
 ]  # fmt: skip
 
 ENV_DISABLE_AUTOLOAD = "ACC_TRAIN_DISABLE_PLUGIN_AUTOLOAD"
@@ -204,6 +204,17 @@ def accelerate_config_section(distributed_type: str, config: dict[str, Any]) -> 
             )
         return answer
     return None
+
+
+def library_versions() -> dict[str, str]:
+    """A manifest's ``versions``: what every plugin's ``acc_train_library_versions`` reports,
+    core's own first; a later plugin does not replace a version an earlier one reported."""
+    out: dict[str, str] = {}
+    for reported in reversed(get_plugin_manager().hook.acc_train_library_versions()):  # pluggy calls the last registered first
+        if isinstance(reported, dict):
+            for dist, version in reported.items():
+                out.setdefault(str(dist), str(version))
+    return out
 
 
 def call_lifecycle(name: str, **kwargs: Any) -> None:

@@ -1,0 +1,285 @@
+"""One run's checkpoints: saved atomically (staging directory, manifest last, then renamed),
+retained, checked and restored.
+
+Layout::
+
+    checkpoints/
+      latest                 text file naming the latest complete checkpoint directory
+      step-000010/
+        state/               } written by the strategy's checkpoint format; ``state/`` is the
+        ...                  } portable state where the format writes one
+        trainer_state.json   step, epoch, data position, scheduler state
+        rng-rank00000.json   python/numpy RNG; torch RNG states in rng-rank00000.safetensors
+        manifest.json        written last: a directory without it is never resumed from
+
+All ranks write into ``.staging-step-NNNNNN``; once every rank is done, rank 0 writes the
+manifest, renames the directory into place and only then moves ``latest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from acc_train.checkpoint.faults import fault_point
+from acc_train.checkpoint.format import CheckpointFormat
+from acc_train.checkpoint.layout import LATEST, STAGING_PREFIX, step_dir_name
+from acc_train.checkpoint.manifest import (
+    MANIFEST,
+    check_same_model,
+    file_table,
+    verify_checkpoint,
+    write_json,
+)
+from acc_train.checkpoint.portable import PORTABLE_DIR
+from acc_train.checkpoint.rng import capture_rng, restore_rng
+from acc_train.errors import UserError
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+__all__ = ["TrainerState", "CheckpointManager", "check_async_save"]
+
+
+@dataclass
+class TrainerState:
+    """What the loop needs, beyond model and optimizer, to continue exactly."""
+
+    step: int = 0
+    epoch: int = 0
+    #: Micro-batches each rank has consumed in ``epoch``.
+    batches_in_epoch: int = 0
+    #: Samples all ranks together have consumed in ``epoch``: the data position a run under
+    #: another world size or micro-batch size continues from.
+    samples_in_epoch: int = 0
+    tokens: int = 0
+    elapsed_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def check_async_save(fmt: CheckpointFormat) -> None:
+    """Refuse ``checkpoint.async_save`` for a format that saves synchronously only."""
+    if not fmt.supports_async:
+        raise UserError(
+            f"checkpoint format {fmt.name!r} (this strategy's) saves synchronously only",
+            where="checkpoint.async_save",
+            hint="drop checkpoint.async_save, or use a strategy whose checkpoint format saves asynchronously (core's 'dcp' does)",
+        )
+
+
+class CheckpointManager:
+    """Saves and restores checkpoints for one run, atomically."""
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        output_dir: Path,
+        fmt: CheckpointFormat,
+        keep_last: int | None,
+        manifest_extra: dict[str, Any],  # strategy, options, model, library versions
+        data_signature: dict[str, Any],
+        seed: int = 0,
+        model_config: dict[str, Any] | None = None,
+        async_save: bool = False,
+        on_commit: Callable[[int, Path], None] | None = None,
+    ) -> None:
+        self.accelerator = accelerator
+        self.root = output_dir / "checkpoints"
+        self.fmt = fmt
+        self.keep_last = keep_last
+        self.manifest_extra = manifest_extra
+        #: what decides which batch comes next: a resume must not change any of it
+        self.data_signature = data_signature
+        self.seed = seed
+        #: written as model_config.json, so ``checkpoint export`` can rebuild the model
+        self.model_config = model_config
+        if async_save:
+            check_async_save(fmt)
+        self.async_save = async_save
+        #: called on every rank once a checkpoint is committed: (step, path)
+        self.on_commit = on_commit
+        #: seconds the training loop was blocked by each save
+        self.blocked_s: list[float] = []
+        self._pending: tuple[Any, TrainerState, Path] | None = None
+        self._group: Any = None
+        if accelerator.is_main_process and self.root.is_dir():
+            for stale in self.root.glob(f"{STAGING_PREFIX}*"):  # left by a save that was killed
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def save(self, model: Any, optimizer: Any, scheduler: Any, state: TrainerState) -> None:
+        """Write a checkpoint of ``state``. A synchronous save is committed on return; an
+        asynchronous one when its writes are done, at the next save or at :meth:`finish`.
+        ``on_commit`` is called either way."""
+        import copy
+        import time
+
+        from safetensors.torch import save_file
+
+        started = time.perf_counter()  # waiting for a previous asynchronous save counts as blocked
+        self.finish()  # a previous asynchronous save is committed before the next begins
+        acc = self.accelerator
+        staging = self.root / f"{STAGING_PREFIX}{step_dir_name(state.step)}"
+        if acc.is_main_process:
+            if staging.exists():
+                shutil.rmtree(staging)
+            staging.mkdir(parents=True)
+        acc.wait_for_everyone()
+        staging.mkdir(parents=True, exist_ok=True)  # machines without a shared filesystem
+        fault_point("save-start", state.step)
+        future = None
+        if self.async_save:
+            future = self.fmt.save_async(acc, model, optimizer, staging, self._async_group())
+        else:
+            self.fmt.save(acc, model, optimizer, staging)
+            fault_point("save-state-written", state.step)
+        rank = acc.process_index
+        rng_json, rng_tensors = capture_rng()
+        write_json(staging / f"rng-rank{rank:05d}.json", rng_json)
+        save_file(rng_tensors, str(staging / f"rng-rank{rank:05d}.safetensors"))
+        if acc.is_main_process:
+            extra = {"scheduler": scheduler.state_dict()}
+            if getattr(acc, "scaler", None) is not None:  # fp16 loss scale
+                extra["grad_scaler"] = acc.scaler.state_dict()
+            write_json(staging / "trainer_state.json", {**state.to_json(), **extra})
+            if self.model_config is not None:
+                write_json(staging / "model_config.json", self.model_config)
+        self.blocked_s.append(time.perf_counter() - started)
+        if future is not None:
+            self._pending = (future, copy.copy(state), staging)
+            return
+        self._commit(staging, state)
+
+    def finish(self) -> float:
+        """Wait for an asynchronous save still being written, and commit it. Returns the
+        seconds spent waiting for its writes."""
+        if self._pending is None:
+            return 0.0
+        import time
+
+        future, state, staging = self._pending
+        self._pending = None
+        started = time.perf_counter()
+        future.result()
+        waited = time.perf_counter() - started
+        fault_point("save-state-written", state.step)
+        self._commit(staging, state)
+        return waited
+
+    def _async_group(self) -> Any:
+        """A process group of its own for the background writer's collectives, so they never
+        interleave with the training loop's on the default group."""
+        import torch.distributed as dist
+
+        if self._group is None and dist.is_available() and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _commit(self, staging: Path, state: TrainerState) -> None:
+        acc = self.accelerator
+        name = step_dir_name(state.step)
+        final = self.root / name
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            files = file_table(staging)
+            manifest = {
+                "format": self.fmt.name,
+                "portable": PORTABLE_DIR if self.fmt.writes_portable else None,
+                "step": state.step,
+                "epoch": state.epoch,
+                "samples_in_epoch": state.samples_in_epoch,
+                "world_size": acc.num_processes,
+                **self.manifest_extra,
+                "data": self.data_signature,
+                "files": files,
+            }
+            fault_point("save-before-manifest", state.step)
+            write_json(staging / MANIFEST, manifest)
+            fault_point("save-before-rename", state.step)
+            replaced = None
+            if final.exists():  # a re-save of the same step (a resumed run): set the old one aside first
+                replaced = self.root / f"{STAGING_PREFIX}replaced-{name}"
+                os.replace(final, replaced)
+            os.replace(staging, final)
+            fault_point("save-before-pointer", state.step)
+            pointer_tmp = self.root / f"{LATEST}.tmp"
+            pointer_tmp.write_text(name + "\n")
+            os.replace(pointer_tmp, self.root / LATEST)
+            if replaced is not None:
+                shutil.rmtree(replaced, ignore_errors=True)
+            self._retain(state.step)
+        acc.wait_for_everyone()
+        if self.on_commit is not None:
+            self.on_commit(state.step, final)
+
+    def _retain(self, step: int) -> None:
+        """Delete checkpoints beyond ``keep_last``, and those ahead of ``step``: they belong to
+        the timeline a resume from an earlier checkpoint abandoned."""
+        complete = sorted(p for p in self.root.glob("step-*") if (p / MANIFEST).is_file())
+        ahead = [p for p in complete if int(p.name.removeprefix("step-")) > step]
+        current = [p for p in complete if p not in ahead]
+        old = current[: -self.keep_last] if self.keep_last is not None else []
+        for path in ahead + old:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def check(self, path: Path, model: Any) -> dict[str, Any]:
+        """Everything that can refuse a resume, before anything is loaded: files against the
+        manifest, the model, the data order, the format. Returns the manifest."""
+        manifest = verify_checkpoint(path, hashes=self.accelerator.is_local_main_process)
+        if isinstance(self.manifest_extra.get("model"), dict):
+            check_same_model(manifest, self.manifest_extra["model"], path)
+        written = manifest.get("data", {})
+        changed = [f"{k}: checkpoint {written.get(k)!r}, this run {v!r}" for k, v in self.data_signature.items() if written.get(k) != v]
+        if changed:
+            raise UserError(
+                "this run would not continue the checkpoint's data order:\n  " + "\n  ".join(changed),
+                where=f"--resume {path}",
+                hint="keep the global batch (processes x micro-batch x accumulation), seed, data and sequence length of the run that wrote it",
+            )
+        fmt_name = manifest.get("format")
+        if fmt_name != self.fmt.name and not manifest.get("portable"):
+            raise UserError(
+                f"checkpoint was written in format {fmt_name!r}, which has no portable state; this strategy reads {self.fmt.name!r}",
+                where=str(path),
+                hint="resume under the strategy that wrote it, or convert it: acc-train checkpoint convert PATH --to dcp OUT",
+            )
+        return manifest
+
+    def load(self, path: Path, model: Any, optimizer: Any, scheduler: Any) -> TrainerState:
+        from safetensors.torch import load_file
+
+        manifest = self.check(path, model)
+        acc = self.accelerator
+        if manifest.get("format") == self.fmt.name and manifest.get("world_size") == acc.num_processes:
+            self.fmt.load(acc, model, optimizer, path)
+        elif manifest.get("portable"):  # another strategy or world size: through the portable state
+            self.fmt.load_portable(acc, model, optimizer, path)
+        else:
+            self.fmt.load(acc, model, optimizer, path)  # a format that reshards itself, or says why not
+        raw = json.loads((path / "trainer_state.json").read_text())
+        # the schedule's position comes from the checkpoint; its base rates and shape from this
+        # run (another strategy may group the parameters differently, another max_steps
+        # stretches the schedule). The optimizer's next step uses its groups' lr: recompute it.
+        saved_schedule = {k: v for k, v in raw.pop("scheduler").items() if k not in ("base_lrs", "_last_lr", "lr_lambdas")}
+        scheduler.load_state_dict({**scheduler.state_dict(), **saved_schedule})
+        scheduler.last_epoch -= 1
+        scheduler.step()
+        scaler_state = raw.pop("grad_scaler", None)
+        if scaler_state is not None and getattr(acc, "scaler", None) is not None:
+            acc.scaler.load_state_dict(scaler_state)
+        state = TrainerState(**{k: v for k, v in raw.items() if k in TrainerState.__dataclass_fields__})
+        rank = acc.process_index
+        rng_json = path / f"rng-rank{rank:05d}.json"
+        if rank < manifest.get("world_size", acc.num_processes) and rng_json.is_file():
+            restore_rng(json.loads(rng_json.read_text()), load_file(str(path / f"rng-rank{rank:05d}.safetensors")))
+        else:  # a rank the writer did not have: a fresh stream, fixed by seed, step and rank
+            from accelerate.utils import set_seed
+
+            set_seed(self.seed + 1_000_003 * state.step + rank)
+        return state
