@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["VERIFIED_ACCELERATE", "check_accelerate", "run_sharded_on_cpu"]
+__all__ = ["VERIFIED_ACCELERATE", "check_accelerate", "run_sharded_on_cpu", "skip_unused_library_imports"]
 
 #: Accelerate versions (inclusive lower, exclusive upper) whose internals this was verified on.
 VERIFIED_ACCELERATE = ("1.10.0", "1.17.0")
@@ -60,3 +60,20 @@ def run_sharded_on_cpu(accelerator: Any, distributed_type: str, **state: Any) ->
         target.device = torch.device("cpu")
     for key, value in state.items():
         setattr(acc_state, key, value)
+
+
+def skip_unused_library_imports() -> None:
+    """Keep Accelerate from importing ``datasets`` and ``deepspeed`` for a job that uses neither.
+
+    ``prepare`` asks "is this loader's dataset a ``datasets.IterableDataset``?" and unwrapping a
+    model asks "is it a ``DeepSpeedEngine``?"; to ask, Accelerate imports the library whenever it
+    is installed (about 85 and 20 MiB of RSS per rank). An object can only be an instance of a
+    class whose library is imported, so "imported" answers both questions exactly.
+    """
+    import sys
+
+    import accelerate.data_loader
+    import accelerate.utils.other
+
+    accelerate.data_loader.is_datasets_available = lambda: "datasets" in sys.modules
+    accelerate.utils.other.is_deepspeed_available = lambda: "deepspeed" in sys.modules
