@@ -9,6 +9,7 @@ plugin kit and the tests all go through :class:`MetricsRow` and :func:`read_metr
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,11 @@ METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass(frozen=True)
-class MetricsRow:
+class MetricsRow(Mapping[str, Any]):
     """One line of ``metrics.jsonl``. Keys a plugin added to the row are kept in ``extra``.
 
-    Indexing reads it like the JSON object it is written as (``row["loss"]``, ``row["perplexity"]``);
-    a key the line does not hold is a ``KeyError``.
+    It is also a read-only mapping of the JSON object it is written as (``row["loss"]``,
+    ``row["perplexity"]``, ``set(row)``); a key the line does not hold is a ``KeyError``.
     """
 
     step: int
@@ -65,13 +66,13 @@ class MetricsRow:
         return {**out, **self.extra}
 
     def __getitem__(self, key: str) -> Any:
-        value = self.to_dict()
-        if key not in value:
-            raise KeyError(key)
-        return value[key]
+        return self.to_dict()[key]
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_dict().get(key, default)
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
 
 
 @dataclass
