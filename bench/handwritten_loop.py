@@ -1,67 +1,153 @@
-"""The baseline: a plain, hand-written Accelerate loop (prepare / backward / step).
+"""The baselines: hand-written loops of one strategy each, with no Accelerate and no acc-train.
 
-Same model, data, seed, batch and optimizer as acc-train's demo job, so the two differ only in
-the loop around them. Launch with ``torchrun --standalone --nproc-per-node N``; writes a JSON
-summary (step time, peak memory per rank, losses) to ``--out``.
+``--strategy ddp``: torch ``DistributedDataParallel``; ``fsdp``: FSDP2, ``fully_shard`` on
+every decoder layer and then the root, as Accelerate wraps the model for acc-train's ``fsdp``
+(transformer policy, ``reshard_after_forward=True``, fp32); ``zero3``: ``deepspeed.initialize``
+with the DeepSpeed config acc-train generates for ``--strategy zero3`` (:func:`ds_config`). The job is acc-train's demo job, rebuilt here so that nothing of
+acc-train is imported: the demo Llama (seeded as acc-train seeds it), the standard library's
+sources as bytes in blocks of ``--seq-len``, the batches in acc-train's order (a permutation
+seeded by seed + epoch, batches dealt round-robin to the ranks, as Accelerate shards them),
+AdamW with no weight decay on norms and biases, a cosine schedule with 10% warm-up, clipping at
+1.0, and the loss averaged over ranks every step (acc-train logs it every step by default).
 
-Usage: torchrun --standalone --nproc-per-node 2 bench/handwritten_loop.py --steps 60 --out hw.json
+Timing: the wall clock of whole iterations, from the end of the previous step to the end of
+this one (batch fetch, forward, backward, clipping, optimizer and scheduler steps, reducing the
+loss); the first 3 steps are left out. Peak memory: ``ru_maxrss`` (CPU) or
+``max_memory_allocated`` (GPU) right after the last step.
+
+Launch with ``torchrun --standalone --nproc-per-node N``; writes a JSON summary (median step
+time, peak memory per rank, losses) to ``--out``.
+
+Usage: torchrun --standalone --nproc-per-node 2 bench/handwritten_loop.py --strategy fsdp --steps 60 --out hw.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import resource
 import statistics
+import sysconfig
 import time
+from pathlib import Path
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, gather_object, set_seed
-from torch.utils.data import DataLoader
+import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM, get_scheduler
 
-from acc_train.config import DataConfig
-from acc_train.data import load_blocks
-from acc_train.model import DEMO_MODEL_CONFIG
-
 WARMUP_STEPS = 3
+
+#: acc_train.model.DEMO_MODEL_CONFIG (copied: importing acc_train would weigh on the baseline)
+DEMO_MODEL_CONFIG = {
+    "vocab_size": 256, "hidden_size": 192, "intermediate_size": 512, "num_hidden_layers": 3,
+    "num_attention_heads": 6, "num_key_value_heads": 6, "max_position_embeddings": 1024,
+    "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+}  # fmt: skip
+DEMO_MAX_BYTES = 1_500_000
+
+
+def ds_config(micro_batch_size: int, max_grad_norm: float) -> dict:
+    """The DeepSpeed config acc-train hands DeepSpeed for ``--strategy zero3`` in fp32, as
+    Accelerate completes it (read from ``accelerator.state.deepspeed_plugin.deepspeed_config``
+    after ``prepare`` in a 2-process CPU run; ``zero3_init_flag`` is off, so the model is built
+    whole and partitioned by ``deepspeed.initialize``, as here)."""
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": max_grad_norm,
+        "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": False},
+        "steps_per_print": math.inf,
+        "fp16": {"enabled": False},
+        "bf16": {"enabled": False},
+        "zero_allow_untested_optimizer": True,
+    }
+
+
+def demo_blocks(seq_len: int) -> torch.Tensor:
+    """acc-train's demo corpus: the standard library's ``*.py`` in name order, as bytes."""
+    chunks, total = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        chunks.append(path.read_bytes())
+        total += len(chunks[-1])
+        if total >= DEMO_MAX_BYTES:
+            break
+    raw = b"\n".join(chunks)[:DEMO_MAX_BYTES]
+    n = len(raw) // seq_len
+    return torch.tensor(list(raw[: n * seq_len]), dtype=torch.long).view(n, seq_len)
+
+
+def rank_batches(blocks: torch.Tensor, epoch: int, seed: int, mbs: int, rank: int, world: int):
+    """This rank's batches of one epoch, in acc-train's order."""
+    usable = len(blocks) - len(blocks) % (world * mbs)
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    order = torch.randperm(len(blocks), generator=g)[:usable]
+    for i in range(rank, usable // mbs, world):
+        yield blocks[order[i * mbs : (i + 1) * mbs]]
+
+
+def optimizer_for(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--strategy", choices=["ddp", "fsdp", "zero3"], default="ddp")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--max-grad-norm", type=float, default=1.0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[DistributedDataParallelKwargs()])
-    set_seed(args.seed)
-    train_blocks, _ = load_blocks(DataConfig(seq_len=args.seq_len, eval_fraction=0.0), tokenizer=None)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    blocks = demo_blocks(args.seq_len)
     model = LlamaForCausalLM(LlamaConfig(**DEMO_MODEL_CONFIG))
-    g = torch.Generator()
-    g.manual_seed(args.seed)
-    loader = DataLoader(train_blocks, batch_size=args.micro_batch_size, shuffle=True, drop_last=True, generator=g)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
-    scheduler = get_scheduler("cosine", optimizer=optimizer, num_warmup_steps=args.steps // 10, num_training_steps=args.steps)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    engine = None
+    if args.strategy == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    elif args.strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer, reshard_after_forward=True)
+        fully_shard(model, reshard_after_forward=True)
+    optimizer = optimizer_for(model, lr=1e-3)
+    if args.strategy == "zero3":
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(args.micro_batch_size, args.max_grad_norm))
+        model = engine
+    scheduler = get_scheduler("cosine", optimizer=optimizer, num_warmup_steps=math.ceil(0.1 * args.steps), num_training_steps=args.steps)
 
     model.train()
     losses, step_times = [], []
-    step = 0
+    step = epoch = 0
     t_prev = time.perf_counter()
     while step < args.steps:
-        for batch in loader:
-            with accelerator.accumulate(model):
-                loss = model(input_ids=batch, labels=batch).loss
-                accelerator.backward(loss)
-                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        for batch in rank_batches(blocks, epoch, args.seed, args.micro_batch_size, rank, world):
+            loss = model(input_ids=batch, labels=batch).loss
+            if engine is not None:  # DeepSpeed clips (gradient_clipping) and zeroes the gradients itself
+                engine.backward(loss)
+                engine.step()
+            else:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                 optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            losses.append(loss.item())
+                optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            mean = loss.detach().float()
+            dist.all_reduce(mean)
+            losses.append(mean.item() / world)
             step += 1
             now = time.perf_counter()
             if step > WARMUP_STEPS:
@@ -69,17 +155,19 @@ def main() -> None:
             t_prev = now
             if step >= args.steps:
                 break
+        epoch += 1
 
-    mine = {"rank": accelerator.process_index, "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-    if torch.cuda.is_available():
-        mine["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated())
-    per_rank = sorted(gather_object([mine]), key=lambda r: r["rank"])
-    if accelerator.is_main_process:
-        with open(args.out, "w") as f:
-            json.dump(
-                {"step_time_s": statistics.median(step_times), "per_rank": per_rank, "losses": losses, "world_size": accelerator.num_processes},
-                f,
-            )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU") != "1":
+        peak = int(torch.cuda.max_memory_allocated())
+    per_rank: list = [None] * world
+    dist.all_gather_object(per_rank, {"rank": rank, "peak_memory_bytes": peak})
+    if rank == 0:
+        Path(args.out).write_text(
+            json.dumps({"strategy": args.strategy, "step_time_s": statistics.median(step_times), "per_rank": per_rank, "losses": losses, "world_size": world})
+        )
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from acc_train import metrics
+from acc_train.metrics import MetricsRow
 from acc_train.testing.runs import WORDS, save_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,9 +42,9 @@ def _no_user_default_config(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: p
     monkeypatch.setenv("ACC_TRAIN_CONFIG_FILE", str(tmp_path_factory.getbasetemp() / "no-default-config.yaml"))
 
 
-def read_metrics(out: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
-    return {r["step"]: r for r in rows if "loss" in r}
+def read_metrics(out: Path) -> dict[int, MetricsRow]:
+    """The run's logged training steps by step (``acc_train.metrics``, the one reader)."""
+    return metrics.read_metrics(out).steps
 
 
 @pytest.fixture(scope="session")

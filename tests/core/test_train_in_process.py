@@ -11,6 +11,7 @@ import pytest
 
 from acc_train import hookimpl, plugins
 from acc_train.config import load_job
+from acc_train.metrics import read_metrics
 from acc_train.trainer import prepare_output_dir, train
 
 
@@ -83,7 +84,7 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
     ]  # fmt: skip
     assert summary["distributed_type"] == "DistributedType.NO" and summary["world_size"] == 1
     assert json.loads((out / "run.json").read_text())["steps"] == 6
-    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    losses = [row.loss for row in read_metrics(out).training]
     assert len(losses) == 6 and losses[-1] < losses[0]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-000006"
     model = AutoModelForCausalLM.from_pretrained(out / "final")

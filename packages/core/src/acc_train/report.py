@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from acc_train.errors import UserError
+from acc_train.metrics import METRICS_FILE, MetricsRow, read_metrics
 
 __all__ = ["REPORT_PNG", "RunRecord", "read_run", "summary_rows", "format_summary", "draw_report", "write_report"]
 
@@ -27,9 +28,9 @@ class RunRecord:
 
     output_dir: Path
     #: logged training steps (``loss``, ``lr``, ``tokens_per_s``...), in step order
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[MetricsRow] = field(default_factory=list)
     #: evaluations (``step``, ``eval_loss``)
-    evals: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[MetricsRow] = field(default_factory=list)
     #: ``run.json``, or None for a run that did not finish
     summary: dict[str, Any] | None = None
     #: the strategy name from ``config.yaml`` (for a run without run.json)
@@ -41,26 +42,16 @@ class RunRecord:
 def read_run(output_dir: str | Path) -> RunRecord:
     """Read a run's outputs. A directory without ``metrics.jsonl`` is a user error."""
     out = Path(output_dir)
-    metrics = out / "metrics.jsonl"
+    metrics = out / METRICS_FILE
     if not metrics.is_file():
-        what = "does not exist" if not out.exists() else "holds no metrics.jsonl"
+        what = "does not exist" if not out.exists() else f"holds no {METRICS_FILE}"
         raise UserError(
             f"{str(out)!r} {what}, so there is no run to report on",
             where="report OUTPUT_DIR",
             hint="give the --output-dir of a run (it writes metrics.jsonl from its first step)",
         )
-    record = RunRecord(out)
-    for line in metrics.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:  # a line cut short by a crash
-            continue
-        if not isinstance(row, dict) or "step" not in row:
-            continue
-        if "loss" in row:
-            record.steps.append(row)
-        elif "eval_loss" in row:
-            record.evals.append(row)
+    rows = read_metrics(metrics)
+    record = RunRecord(out, steps=rows.training, evals=rows.evals)
     run_json = out / "run.json"
     if run_json.is_file():
         try:
@@ -105,16 +96,16 @@ def _fmt_loss(value: Any) -> str:
 def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     """(key, value) rows of the summary table."""
     s = record.summary or {}
-    last = record.steps[-1] if record.steps else {}
-    best = min(record.steps, key=lambda r: r["loss"]) if record.steps else None
+    last = record.steps[-1] if record.steps else None
+    best = min(record.steps, key=lambda r: r.loss) if record.steps else None
     strategy = s.get("strategy") or record.configured_strategy or "-"
     if s.get("distributed_type"):
         strategy += f" ({s['distributed_type'].removeprefix('DistributedType.')})"
-    steps = str(s.get("steps", last.get("step", "-")))
+    steps = str(s.get("steps", last.step if last else "-"))
     if s.get("start_step"):
         steps += f" (resumed at step {s['start_step']})"
-    tokens_per_s = s.get("tokens_per_s", last.get("tokens_per_s"))
-    final_loss = s.get("final_loss", last.get("loss"))
+    tokens_per_s = s.get("tokens_per_s", last.tokens_per_s if last else None)
+    final_loss = s.get("final_loss", last.loss if last else None)
     eval_row = record.evals[-1] if record.evals else None
     rows = [
         ("run", str(record.output_dir) + ("" if record.summary else "  (no run.json: unfinished; figures from metrics.jsonl)")),
@@ -123,8 +114,8 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
         ("steps", steps),
         ("tokens/s", f"{tokens_per_s:,.0f}" if isinstance(tokens_per_s, (int, float)) else "-"),
         ("final loss", _fmt_loss(final_loss)),
-        ("best loss", f"{_fmt_loss(best['loss'])} (step {best['step']})" if best else "-"),
-        ("eval loss", f"{_fmt_loss(eval_row['eval_loss'])} (step {eval_row['step']})" if eval_row else "-"),
+        ("best loss", f"{_fmt_loss(best.loss)} (step {best.step})" if best else "-"),
+        ("eval loss", f"{_fmt_loss(eval_row.eval_loss)} (step {eval_row.step})" if eval_row else "-"),
     ]
     if s.get("elapsed_s") is not None:
         rows.append(("training time", f"{s['elapsed_s']:.1f} s"))
@@ -158,7 +149,7 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
     from matplotlib.figure import Figure  # no pyplot: no global backend, Agg draws the file
 
     target = Path(path) if path is not None else record.output_dir / REPORT_PNG
-    steps = [r["step"] for r in record.steps]
+    steps = [r.step for r in record.steps]
     fig = Figure(figsize=(10, 9), dpi=110, layout="constrained")
     ax_loss, ax_lr, ax_tps = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 1, 1])
     rows = dict(summary_rows(record))
@@ -168,17 +159,17 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
         fontsize=13,
     )
 
-    losses = [r["loss"] for r in record.steps]
+    losses = [r.loss for r in record.steps]
     if losses:
         window = max(1, len(losses) // 25)
         ax_loss.plot(steps, losses, color="tab:blue", alpha=0.35 if window > 1 else 1.0, lw=1, label="train loss")
         if window > 1:
             ax_loss.plot(steps, _smoothed(losses, window), color="tab:blue", lw=2, label=f"train loss, mean of {window} steps")
-        best = min(record.steps, key=lambda r: r["loss"])
-        ax_loss.plot([best["step"]], [best["loss"]], "*", color="tab:red", ms=12, zorder=5, label=f"best {best['loss']:.4f} (step {best['step']})")
+        best = min(record.steps, key=lambda r: r.loss)
+        ax_loss.plot([best.step], [best.loss], "*", color="tab:red", ms=12, zorder=5, label=f"best {best.loss:.4f} (step {best.step})")
     if record.evals:
         ax_loss.plot(
-            [r["step"] for r in record.evals], [r["eval_loss"] for r in record.evals],
+            [r.step for r in record.evals], [r.eval_loss for r in record.evals],
             "o-", color="tab:orange", lw=1.5, ms=6, label="eval loss",
         )  # fmt: skip
     for name, step, _ in record.checkpoints:
@@ -190,14 +181,14 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
     ax_loss.set_title("Loss", loc="left", fontsize=11)
     ax_loss.legend(loc="upper right", fontsize=9)
 
-    lrs = [(r["step"], r["lr"]) for r in record.steps if isinstance(r.get("lr"), (int, float))]
+    lrs = [(r.step, r.lr) for r in record.steps if isinstance(r.lr, (int, float))]
     if lrs:
         ax_lr.plot(*zip(*lrs), color="tab:green", lw=1.8)
     ax_lr.set_ylabel("learning rate")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
     ax_lr.set_title("Learning rate", loc="left", fontsize=11)
 
-    tps = [(r["step"], r["tokens_per_s"]) for r in record.steps if isinstance(r.get("tokens_per_s"), (int, float))]
+    tps = [(r.step, r.tokens_per_s) for r in record.steps if isinstance(r.tokens_per_s, (int, float))]
     if tps:
         ax_tps.plot(*zip(*tps), color="tab:purple", lw=1.8)
         ax_tps.set_ylim(bottom=0)

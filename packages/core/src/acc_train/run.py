@@ -7,29 +7,41 @@ implementing the lifecycle hooks; the loop only fires hooks.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.hookspecs import hookimpl
+from acc_train.metrics import METRICS_FILE, MetricsRow, parse_line
+from acc_train.plugins import register_temporarily
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from acc_train.config import ResolvedJob
+    from acc_train.model_state import ModelStateMeter
 
-__all__ = ["RunContext", "RunReporter"]
+__all__ = ["RunContext", "RunReporter", "reporting"]
 
 
 @dataclass
 class RunContext:
+    """One rank's run, as lifecycle hooks see it."""
+
     job: ResolvedJob
     accelerator: Accelerator
     output_dir: Path
     max_steps: int
+    #: the last optimizer step taken (the step a resumed run starts from, at ``train_start``)
     step: int = 0
+    #: the prepared (strategy-wrapped) model and optimizer
     model: Any = None
     optimizer: Any = None
+    #: counts the model state this rank holds (the strategy's, or None where it has none)
+    model_state_meter: ModelStateMeter | None = None
+    #: per-run state of plugins, by a key of their own; core keeps nothing here
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -56,7 +68,8 @@ class RunReporter:
             return
         keep = []
         if self.resumed_step and self.metrics_path.is_file():  # drop steps the resumed run will redo
-            keep = [ln for ln in self.metrics_path.read_text().splitlines() if _step_of(ln) <= self.resumed_step]
+            # (a line cut short by a crash counts as unlogged)
+            keep = [ln for ln in self.metrics_path.read_text().splitlines() if (row := parse_line(ln)) is not None and row.step <= self.resumed_step]
         self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
         self._file = open(self.metrics_path, "a", buffering=1)
         if run.config.training.progress_bar:
@@ -64,31 +77,32 @@ class RunReporter:
 
             self._bar = tqdm(total=run.max_steps, initial=run.step, desc="train", unit="step", dynamic_ncols=True)
 
-    def _write(self, run: RunContext, step: int, metrics: dict[str, Any]) -> None:
-        self._file.write(json.dumps(metrics) + "\n")
-        numeric = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step"}
+    def _write(self, run: RunContext, step: int, row: MetricsRow) -> None:
+        line = row.to_dict()
+        self._file.write(json.dumps(line) + "\n")
         if run.config.training.report_to:
+            numeric = {k: v for k, v in line.items() if isinstance(v, (int, float)) and k != "step"}
             run.accelerator.log(numeric, step=step)
 
     @hookimpl
     def acc_train_step_end(self, run: RunContext, step: int, metrics: dict[str, Any]) -> None:
         if not run.is_main_process:
             return
-        if "loss" in metrics:
-            self._write(run, step, metrics)
+        row = MetricsRow.from_dict(metrics)
+        if row.is_training:
+            self._write(run, step, row)
             if self._bar is not None:
-                self._bar.set_postfix(
-                    loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}", tok_s=f"{metrics.get('tokens_per_s', 0):.0f}", refresh=False
-                )
+                self._bar.set_postfix(loss=f"{row.loss:.4f}", lr=f"{row.lr or 0:.2e}", tok_s=f"{row.tokens_per_s or 0:.0f}", refresh=False)
         if self._bar is not None:
             self._bar.update(1)
 
     @hookimpl
     def acc_train_eval_end(self, run: RunContext, step: int, metrics: dict[str, Any]) -> None:
         if run.is_main_process:
-            self._write(run, step, metrics)
+            row = MetricsRow.from_dict(metrics)
+            self._write(run, step, row)
             if self._bar is not None:
-                self._bar.write(f"step {step}: eval_loss {metrics['eval_loss']:.4f}")
+                self._bar.write(f"step {step}: eval_loss {row.eval_loss:.4f}")
 
     @hookimpl
     def acc_train_train_end(self, run: RunContext, summary: dict[str, Any]) -> None:
@@ -103,9 +117,31 @@ class RunReporter:
             self._file = None
 
 
-def _step_of(line: str) -> float:
-    """The step a metrics line belongs to; a line cut short by a crash counts as unlogged."""
+@contextmanager
+def reporting(run: RunContext) -> Iterator[RunReporter]:
+    """Core's reporter registered for the run (and Accelerate's trackers started) while it lasts."""
+    reporter = RunReporter(run.output_dir / METRICS_FILE, run.step)
+    unregister = register_temporarily(reporter, f"reporter-{id(reporter)}")
+    trackers = bool(run.config.training.report_to)
     try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
-        return float("inf")
+        if trackers:
+            run.accelerator.init_trackers("acc-train", config=_flat(run.job.to_dict()))
+        yield reporter
+        if trackers:
+            run.accelerator.end_training()
+    finally:
+        reporter.close()
+        unregister()
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as trackers take it: ``{"training.lr": ...}``, values as scalars."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif isinstance(v, (int, float, str, bool)):
+            out[f"{prefix}{k}"] = v
+        else:
+            out[f"{prefix}{k}"] = str(v)
+    return out

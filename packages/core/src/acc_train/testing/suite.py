@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from acc_train.metrics import MetricsRow, read_metrics
 from acc_train.testing.runs import KIT_RESUME_STEP, KIT_STEPS, KitRuns
 
 __all__ = ["TestStrategyConformance"]
@@ -40,9 +41,8 @@ print(json.dumps(out))
 """
 
 
-def _metrics(run: Path) -> dict[int, dict[str, Any]]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: r for r in rows if "loss" in r}
+def _metrics(run: Path) -> dict[int, MetricsRow]:
+    return read_metrics(run).steps
 
 
 def _strategy(name: str) -> Any:

@@ -1,0 +1,119 @@
+"""The end of a run: ``run.json``'s summary (gathered from every rank) and the ``final/`` model."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+from typing import Any
+
+from acc_train.checkpoint import TrainerState
+from acc_train.loop.loop import LoopResult
+from acc_train.run import RunContext
+
+__all__ = ["summarize", "write_run_json", "save_final", "peak_memory_bytes"]
+
+
+def peak_memory_bytes(device_type: str) -> int:
+    """This process's peak: allocated CUDA memory on GPU, resident set size (RSS) on CPU."""
+    if device_type == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _param_checksum(model: Any) -> float:
+    import torch
+
+    with torch.no_grad():
+        return float(sum(p.detach().double().sum().item() for p in model.parameters()))
+
+
+def _per_rank(run: RunContext) -> tuple[list[dict[str, Any]], int]:
+    """(each rank's parameters, peak memory and model state, gathered on every rank; the model's parameters)."""
+    from accelerate.utils import gather_object
+
+    accelerator, model = run.accelerator, run.model
+    local_elements, model_elements = run.job.strategy.parameter_elements(accelerator, model)
+    meter = run.model_state_meter
+    mine = {
+        "rank": accelerator.process_index,
+        "param_elements": local_elements,
+        "peak_memory_bytes": peak_memory_bytes(accelerator.acc_machine.device_type),
+        "param_checksum": _param_checksum(model),
+        "model_state_bytes": meter.result() if meter is not None else None,
+    }
+    return sorted(gather_object([mine]), key=lambda r: r["rank"]), model_elements
+
+
+def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_from: str | None) -> dict[str, Any]:
+    """``run.json``'s content (every rank computes it; the main process writes it)."""
+    job, accelerator = run.job, run.accelerator
+    machine = accelerator.acc_machine
+    t_cfg = job.config.training
+    per_rank, model_elements = _per_rank(run)  # first: the peak memory of training, before anything else is loaded
+    tokens_per_step = t_cfg.micro_batch_size * job.config.data.seq_len * t_cfg.gradient_accumulation_steps * accelerator.num_processes
+    tokens_run = (state.step - result.start_step) * tokens_per_step
+    times, blocked = result.step_times, result.checkpoint_blocked_s
+    return {
+        "strategy": job.config.strategy["name"],
+        "strategy_options": job.strategy.options.model_dump(mode="json"),
+        "distributed_type": str(accelerator.distributed_type),
+        "world_size": accelerator.num_processes,
+        "num_machines": machine.num_machines,
+        "device": machine.device_type,
+        "mixed_precision": accelerator.mixed_precision,
+        **job.strategy.summary(accelerator),
+        "steps": state.step,
+        "start_step": result.start_step,
+        "epoch": state.epoch,
+        "final_loss": result.last_loss,
+        "best_loss": result.best_loss,
+        "final_eval_loss": result.eval_loss,
+        "tokens": state.tokens,
+        "tokens_per_s": tokens_run / result.elapsed_s if result.elapsed_s > 0 else None,
+        "elapsed_s": round(state.elapsed_s, 3),
+        "step_time_s": statistics.fmean(times) if times else None,
+        "step_time_median_s": statistics.median(times) if times else None,
+        "checkpoint_saves": {
+            "mode": "async" if job.config.checkpoint.async_save else "sync",
+            "blocked_s": [round(t, 4) for t in blocked],
+            "mean_blocked_s": statistics.fmean(blocked) if blocked else None,
+            # after the last step: waiting for the last asynchronous save's writes
+            "final_wait_s": round(result.checkpoint_final_wait_s, 4),
+        },
+        "model_parameters": model_elements,
+        "per_rank": per_rank,
+        "checkpoints": result.saved,
+        "resumed_from": resumed_from,
+    }
+
+
+def write_run_json(run: RunContext, summary: dict[str, Any]) -> None:
+    """``run.json``, replaced atomically (main process)."""
+    if run.accelerator.is_main_process:
+        tmp = run.output_dir / "run.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, run.output_dir / "run.json")
+
+
+def save_final(run: RunContext, tokenizer: Any) -> None:
+    """``final/``: the consolidated model as ``save_pretrained`` safetensors, moved in atomically."""
+    accelerator, model, out = run.accelerator, run.model, run.output_dir
+    state_dict = accelerator.acc_strategy.full_state_dict(accelerator, model)
+    if accelerator.is_main_process:
+        tmp = out / ".final.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        final = out / "final"
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    accelerator.wait_for_everyone()

@@ -1,0 +1,172 @@
+"""The optimizer-step loop: forward, backward, step, log, evaluate, save, until ``max_steps``.
+
+It knows nothing strategy-specific and fires lifecycle hooks rather than writing outputs itself
+(core's reporter writes ``metrics.jsonl``). Step time, as ``run.json`` reports it, is the wall
+clock of whole iterations: from the end of the previous step (or the start) to the end of this
+one's ``acc_train_step_end`` hooks, so it holds fetching the batches, forward and backward of
+every micro-batch, the optimizer and scheduler steps, reducing and logging the loss, and the
+hooks. Evaluation and checkpoint saves are left out (they come every N steps; ``run.json``
+reports the time saves block the loop separately).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point
+from acc_train.plugins import call_lifecycle
+from acc_train.run import RunContext
+
+if TYPE_CHECKING:
+    from acc_train.data import ResumableSampler
+
+__all__ = ["WARMUP_STEPS", "LoopInputs", "LoopResult", "run_loop", "evaluate"]
+
+#: Steps at the start of a run left out of the step times (allocator and cache warm-up).
+WARMUP_STEPS = 3
+
+
+@dataclass
+class LoopInputs:
+    """What the loop steps. Model, optimizer, job, accelerator and ``max_steps`` are on ``run``."""
+
+    run: RunContext
+    #: where training stands; restored from a checkpoint on resume, advanced by the loop
+    state: TrainerState
+    scheduler: Any
+    train_dl: Any
+    eval_dl: Any | None
+    sampler: ResumableSampler
+    #: micro-batches each rank reads in one epoch
+    batches_per_epoch: int
+    manager: CheckpointManager
+
+
+@dataclass
+class LoopResult:
+    """What the loop measured, for ``run.json``."""
+
+    start_step: int
+    #: wall time of this run's loop, saves and evaluations included
+    elapsed_s: float = 0.0
+    #: seconds of each whole iteration after the warm-up steps (see the module docstring)
+    step_times: list[float] = field(default_factory=list)
+    last_loss: float | None = None
+    best_loss: float | None = None
+    eval_loss: float | None = None
+    #: committed checkpoints, in order
+    saved: list[str] = field(default_factory=list)
+    #: per save: seconds the loop was blocked
+    checkpoint_blocked_s: list[float] = field(default_factory=list)
+    #: after the last step: waiting for the last asynchronous save's writes
+    checkpoint_final_wait_s: float = 0.0
+
+
+def evaluate(accelerator: Any, model: Any, eval_dl: Any) -> float:
+    """Mean loss over the evaluation loader, averaged over ranks."""
+    import torch
+
+    model.eval()
+    total = torch.zeros((), device=accelerator.device)
+    count = 0
+    with torch.no_grad():
+        for batch in eval_dl:
+            total += model(input_ids=batch, labels=batch).loss.float()
+            count += 1
+    model.train()
+    mean = accelerator.reduce(total / max(count, 1), reduction="mean")
+    return float(mean.item())
+
+
+def run_loop(inputs: LoopInputs) -> LoopResult:
+    """Train from ``inputs.state.step`` to ``run.max_steps``; returns what was measured."""
+    import torch
+
+    run, state, manager = inputs.run, inputs.state, inputs.manager
+    accelerator, model, optimizer, scheduler = run.accelerator, run.model, run.optimizer, inputs.scheduler
+    cfg = run.job.config
+    t_cfg = cfg.training
+    world = accelerator.num_processes
+    tokens_per_step = t_cfg.micro_batch_size * cfg.data.seq_len * t_cfg.gradient_accumulation_steps * world
+    result = LoopResult(start_step=state.step)
+    elapsed_before = state.elapsed_s  # training time of the runs this one resumes
+    t_start = time.perf_counter()
+    t_step = t_start  # start of the current iteration's span
+    loss_sum = torch.zeros((), device=accelerator.device)
+    grad_norm: Any = None
+    meter = run.model_state_meter
+
+    def committed(step: int, path: Path) -> None:
+        result.saved.append(str(path))
+        call_lifecycle("acc_train_checkpoint_saved", run=run, step=step, path=str(path))
+
+    manager.on_commit = committed
+    model.train()
+
+    while state.step < run.max_steps:
+        inputs.train_dl.set_epoch(state.epoch)  # Accelerate's loader re-sets the sampler's epoch from its own count
+        inputs.sampler.set_start(state.batches_in_epoch * world * t_cfg.micro_batch_size)
+        for batch in inputs.train_dl:
+            with accelerator.accumulate(model):
+                loss = model(input_ids=batch, labels=batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:  # without clipping, the norm is still measured
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm or math.inf)
+                    if meter is not None:
+                        meter.at_gradient_sync()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            state.batches_in_epoch += 1
+            state.samples_in_epoch += world * t_cfg.micro_batch_size
+            loss_sum += loss.detach().float()
+            if not accelerator.sync_gradients:
+                continue
+            lr = scheduler.get_last_lr()[0]
+            if not accelerator.optimizer_step_was_skipped:
+                scheduler.step()
+            state.step += 1
+            run.step = state.step
+            state.tokens += tokens_per_step
+            if state.batches_in_epoch >= inputs.batches_per_epoch:
+                state.epoch += 1
+                state.batches_in_epoch = state.samples_in_epoch = 0
+            fault_point("train-step", state.step)
+            now = time.perf_counter()
+            elapsed = elapsed_before + now - t_start
+            metrics: dict[str, Any] = {"step": state.step, "epoch": state.epoch}
+            last = state.step >= run.max_steps
+            if state.step % t_cfg.log_every == 0 or last:
+                mean_loss = accelerator.reduce(loss_sum / t_cfg.gradient_accumulation_steps, reduction="mean")
+                result.last_loss = float(mean_loss.item())
+                result.best_loss = result.last_loss if result.best_loss is None else min(result.best_loss, result.last_loss)
+                metrics.update(
+                    loss=result.last_loss,
+                    lr=lr,
+                    grad_norm=float(grad_norm) if grad_norm is not None else None,
+                    tokens=state.tokens,
+                    tokens_per_s=(state.step - result.start_step) * tokens_per_step / max(now - t_start, 1e-9),
+                    elapsed_s=round(elapsed, 4),
+                )
+            loss_sum.zero_()
+            call_lifecycle("acc_train_step_end", run=run, step=state.step, metrics=metrics)
+            if state.step - result.start_step > WARMUP_STEPS:
+                result.step_times.append(time.perf_counter() - t_step)
+            if inputs.eval_dl is not None and ((t_cfg.eval_every and state.step % t_cfg.eval_every == 0) or last):
+                result.eval_loss = evaluate(accelerator, model, inputs.eval_dl)
+                call_lifecycle("acc_train_eval_end", run=run, step=state.step, metrics={"step": state.step, "eval_loss": result.eval_loss})
+            every = cfg.checkpoint.every
+            if (every and state.step % every == 0) or last:
+                state.elapsed_s = elapsed
+                manager.save(model, optimizer, scheduler, state)
+            t_step = time.perf_counter()  # evaluation and saving stay out of the step time
+            if last:
+                break
+    # an asynchronous last save is committed before the run is summed up
+    result.checkpoint_final_wait_s = manager.finish()
+    result.checkpoint_blocked_s = list(manager.blocked_s)
+    result.elapsed_s = time.perf_counter() - t_start
+    return result

@@ -1,0 +1,118 @@
+"""One row of ``metrics.jsonl`` as a typed record, and the one reader of that file.
+
+A run appends one JSON object per line: a *training row* for each logged optimizer step (it has
+``loss``) and an *evaluation row* for each evaluation (it has ``eval_loss``). Which is which is
+decided here and nowhere else: the reporter that writes the file, ``acc-train report``, the
+plugin kit and the tests all go through :class:`MetricsRow` and :func:`read_metrics`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["METRICS_FILE", "MetricsRow", "RunMetrics", "read_metrics"]
+
+#: The file in a run's output directory.
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass(frozen=True)
+class MetricsRow(Mapping[str, Any]):
+    """One line of ``metrics.jsonl``. Keys a plugin added to the row are kept in ``extra``.
+
+    It is also a read-only mapping of the JSON object it is written as (``row["loss"]``,
+    ``row["perplexity"]``, ``set(row)``); a key the line does not hold is a ``KeyError``.
+    """
+
+    step: int
+    epoch: int | None = None
+    #: mean over ranks and accumulation micro-steps; present exactly on logged training steps
+    loss: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    #: tokens trained on since step 0 (all ranks)
+    tokens: int | None = None
+    #: mean since this run (not the runs it resumed) started
+    tokens_per_s: float | None = None
+    #: training time since step 0, resumed runs included
+    elapsed_s: float | None = None
+    #: present exactly on evaluation rows
+    eval_loss: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def is_training(self) -> bool:
+        """A logged optimizer step (what the progress bar, the report's curves and tests read)."""
+        return self.loss is not None
+
+    @property
+    def is_eval(self) -> bool:
+        return self.eval_loss is not None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricsRow:
+        """The row for a parsed line (or the dict the loop hands ``acc_train_step_end``)."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in data.items() if k in known}, extra={k: v for k, v in data.items() if k not in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object written as one line: the fields that are set, then the extras."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out = {k: v for k, v in out.items() if v is not None or (k == "grad_norm" and self.is_training)}
+        return {**out, **self.extra}
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
+@dataclass
+class RunMetrics:
+    """What ``metrics.jsonl`` holds, split by kind."""
+
+    #: training rows by step (a resumed run's redone steps: the later row)
+    steps: dict[int, MetricsRow] = field(default_factory=dict)
+    #: evaluation rows, in file order
+    evals: list[MetricsRow] = field(default_factory=list)
+
+    @property
+    def training(self) -> list[MetricsRow]:
+        """Training rows in step order."""
+        return [self.steps[s] for s in sorted(self.steps)]
+
+
+def parse_line(line: str) -> MetricsRow | None:
+    """The row on one line, or None for a line cut short by a crash or one without a step."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("step"), int):
+        return None
+    return MetricsRow.from_dict(data)
+
+
+def read_metrics(path: str | Path) -> RunMetrics:
+    """Read ``metrics.jsonl`` (a file, or the run's output directory holding it)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / METRICS_FILE
+    out = RunMetrics()
+    for line in p.read_text().splitlines():
+        row = parse_line(line)
+        if row is None:
+            continue
+        if row.is_training:
+            out.steps[row.step] = row
+        elif row.is_eval:
+            out.evals.append(row)
+    return out
