@@ -44,9 +44,10 @@ def _several_machines(answers: Mapping[str, Any]) -> bool:
 def _core_questions(registry: Any) -> list[Any]:
     """Machine set-up, precision and strategy: keyed by full dotted config paths."""
     from acc_train.questions import Question
+    from acc_train.strategy import DEFAULT_STRATEGY
 
     names = registry.names()
-    default = "ddp" if "ddp" in names else registry.primary()[0][0].name
+    default = DEFAULT_STRATEGY if DEFAULT_STRATEGY in names else registry.primary()[0][0].name
     listing = "; ".join(
         s.name + (f" ({', '.join([*s.aliases, *s.presets])})" if s.aliases or s.presets else "") for s, _ in registry.primary()
     )

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from acc_train.metrics import MetricsRow, read_metrics
-from acc_train.testing.runs import KIT_RESUME_STEP, KIT_STEPS, KitRuns
+from acc_train.testing.runs import KIT_RESUME_STEP, KIT_STEPS, REFERENCE_STRATEGY, KitRuns
 
 __all__ = ["TestStrategyConformance"]
 
@@ -197,9 +197,9 @@ class TestStrategyConformance:
         name = acc_train_strategy_name
         if not _strategy(name).equivalent_to_ddp():
             pytest.skip(f'"{name}" does not declare itself equivalent to DDP (Strategy.equivalent_to_ddp)')
-        if "ddp" not in plugins.strategies().names():
+        if REFERENCE_STRATEGY not in plugins.strategies().names():
             pytest.skip("comparing with DDP needs the ddp strategy: pip install acc-train-strategy-ddp")
-        ours, ddp = _metrics(acc_train_kit.full(name)), _metrics(acc_train_kit.full("ddp"))
+        ours, ddp = _metrics(acc_train_kit.full(name)), _metrics(acc_train_kit.full(REFERENCE_STRATEGY))
         for step in range(1, KIT_STEPS + 1):
             assert ours[step]["loss"] == pytest.approx(ddp[step]["loss"], abs=1e-4), (
                 f'"{name}" declares itself equivalent to DDP, but at step {step} its loss is {ours[step]["loss"]!r} '
