@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,3 +118,42 @@ def test_resume_refuses_settings_that_change_the_data_order(tmp_path: Path) -> N
     )
     with pytest.raises(UserError, match=r"would not continue the checkpoint's data order:\n  seed: checkpoint 42, this run 1"):
         train(again)
+
+
+def test_a_worker_imports_no_library_its_job_does_not_use(tmp_path: Path) -> None:
+    """Accelerate imports ``deepspeed`` and ``datasets`` to ask isinstance questions whenever they
+    are installed (about 20 and 85 MiB of RSS per rank); a DDP demo job on two ranks needs
+    neither, and matplotlib comes only with the report, after run.json's peak memory is read."""
+    import subprocess
+    import sys
+
+    job = load_job(
+        flags={"output_dir": (str(tmp_path / "run"), "--output-dir"), "training.max_steps": (2, "--max-steps")},
+        sets=[
+            "model.config={hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}",
+            "data.seq_len=16",
+            "data.demo_max_bytes=20000",
+            "training.micro_batch_size=2",
+            "training.mixed_precision=no",
+            "training.progress_bar=false",
+        ],
+    )
+    prepare_output_dir(job)
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import sys\n"
+        "from acc_train.config import load_resolved\n"
+        "from acc_train.loop import finish\n"
+        "from acc_train.trainer import train\n"
+        "summarize, seen = finish.summarize, []\n"
+        "def spy(*args, **kwargs):\n"
+        "    seen.extend(m for m in ('deepspeed', 'datasets', 'matplotlib') if m in sys.modules)\n"
+        "    return summarize(*args, **kwargs)\n"
+        "finish.summarize = spy\n"
+        "train(load_resolved(sys.argv[1]))\n"
+        "print('imported before run.json:', sorted(seen))\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(probe), str(tmp_path / "run" / "config.yaml")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("imported before run.json: []") == 2, proc.stdout[-2000:]

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import check_async_save, check_same_model, find_checkpoint, model_fingerprint, verify_checkpoint
 from acc_train.errors import UserError
-from acc_train.loop import finish, setup
-from acc_train.loop.loop import LoopInputs, run_loop
+from acc_train.loop import LoopInputs, finish, run_loop, setup
 from acc_train.metrics import METRICS_FILE
 from acc_train.plugins import call_lifecycle, checkpoint_formats
 from acc_train.run import RunContext, reporting

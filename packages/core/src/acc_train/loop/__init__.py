@@ -1,9 +1,11 @@
 """The training loop's steps, each in the module named for it: :mod:`~acc_train.loop.setup`
 (Accelerator, data, model, prepare, resume), :mod:`~acc_train.loop.loop` (the optimizer-step
-loop) and :mod:`~acc_train.loop.finish` (``run.json`` and ``final/``). :func:`acc_train.trainer.train`
-runs them in order. Only workers import these modules; torch and friends are imported inside
-their functions all the same."""
+loop, :func:`run_loop` over :class:`LoopInputs`) and :mod:`~acc_train.loop.finish` (``run.json``
+and ``final/``). :func:`acc_train.trainer.train` runs them in order. Importing them imports no
+torch: the libraries are imported inside the functions that use them."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from acc_train.loop.loop import LoopInputs, LoopResult, run_loop
+
+__all__ = ["LoopInputs", "LoopResult", "run_loop"]

@@ -1,8 +1,9 @@
 """Building what the loop runs on, one step each: the Accelerator, the data, the model, the
 prepared objects and the point a resumed run continues from.
 
-The strategy is called here in three obvious places: it shapes the Accelerator (inside
-``acc_train.Accelerator``), names the checkpoint format, and supplies its model-state meter.
+The strategy is reached here twice: it shapes the Accelerator (inside ``acc_train.Accelerator``)
+and names the checkpoint format (:func:`checkpoint_manager`). ``train()`` asks it for its
+model-state meter; ``finish`` for its parameter counts and summary.
 """
 
 from __future__ import annotations
