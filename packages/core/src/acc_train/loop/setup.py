@@ -69,10 +69,8 @@ def make_accelerator(job: ResolvedJob) -> Accelerator:
     """``acc_train.Accelerator`` for the job's strategy, seeded."""
     from accelerate.utils import ProjectConfiguration, set_seed
 
-    from acc_train.accelerate_compat import skip_unused_library_imports
     from acc_train.accelerator import Accelerator
 
-    skip_unused_library_imports()
     t_cfg = job.config.training
     out = Path(job.config.output_dir)
     accelerator = Accelerator(
