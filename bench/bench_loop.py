@@ -47,7 +47,9 @@ def run_acc_train(strategy: str, steps: int, nproc: int, workdir: Path) -> dict:
         "--set", "data.eval_fraction=0", "--set", "checkpoint.every=0",
         "--set", f"scheduler.warmup_steps={-(-steps // 10)}",
     ]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"acc-train {strategy} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     summary = json.loads((out / "run.json").read_text())
     losses = [row.loss for row in read_metrics(out).training]
     return {"step_time_s": summary["step_time_median_s"], "peaks": [r["peak_memory_bytes"] for r in summary["per_rank"]], "losses": losses}
@@ -59,7 +61,9 @@ def run_handwritten(strategy: str, steps: int, nproc: int, workdir: Path) -> dic
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
         str(HERE / "handwritten_loop.py"), "--strategy", strategy, "--steps", str(steps), "--out", str(out),
     ]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "ACCELERATE_USE_CPU": "1"} if not _cuda() else None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "ACCELERATE_USE_CPU": "1"} if not _cuda() else None)
+    if proc.returncode != 0:
+        raise SystemExit(f"the hand-written {strategy} loop failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     data = json.loads(out.read_text())
     return {"step_time_s": data["step_time_s"], "peaks": [r["peak_memory_bytes"] for r in data["per_rank"]], "losses": data["losses"]}
 

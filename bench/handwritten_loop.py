@@ -1,8 +1,8 @@
 """The baselines: hand-written loops of one strategy each, with no Accelerate and no acc-train.
 
-``--strategy ddp``: torch ``DistributedDataParallel``; ``fsdp``: FSDP2, ``fully_shard`` on
-every decoder layer and then the root, as Accelerate wraps the model for acc-train's ``fsdp``
-(transformer policy, ``reshard_after_forward=True``, fp32); ``zero3``: ``deepspeed.initialize``
+``--strategy ddp``: torch ``DistributedDataParallel``; ``fsdp``: FSDP2, ``fully_shard`` as
+Accelerate 1.16 wraps the model for acc-train's ``fsdp`` (every decoder layer, the input
+embedding, the final norm and output head as one group, then the root; fp32); ``zero3``: ``deepspeed.initialize``
 with the DeepSpeed config acc-train generates for ``--strategy zero3`` (:func:`ds_config`). The job is acc-train's demo job, rebuilt here so that nothing of
 acc-train is imported: the demo Llama (seeded as acc-train seeds it), the standard library's
 sources as bytes in blocks of ``--seq-len``, the batches in acc-train's order (a permutation
@@ -118,9 +118,17 @@ def main() -> None:
     elif args.strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        # Accelerate 1.16's FSDP2 wrapping (fsdp2_prepare_model): each decoder layer; the input
+        # embedding; the tail [final norm, output head] as one group kept gathered after forward;
+        # then the root, with torch's default for it
         for layer in model.model.layers:
             fully_shard(layer, reshard_after_forward=True)
-        fully_shard(model, reshard_after_forward=True)
+        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+        tied = embed.weight is head.weight
+        if not tied:
+            fully_shard(embed, reshard_after_forward=True)
+        fully_shard([model.model.norm, embed, head] if tied else [model.model.norm, head], reshard_after_forward=False)
+        fully_shard(model)
     optimizer = optimizer_for(model, lr=1e-3)
     if args.strategy == "zero3":
         import deepspeed
