@@ -37,8 +37,25 @@ def main(argv: list[str] | None = None) -> None:
 
         if dist.is_available() and dist.is_initialized():  # a clean exit, not an abort in gloo's teardown
             dist.destroy_process_group()
+        exit_finished_run()
 
     run()
+
+
+def exit_finished_run() -> None:
+    """Exit 0 once the run has finished and written its outputs.
+
+    Python's exit handlers run (trackers, logging, coverage); the interpreter's own teardown,
+    where C++ destructors of objects still holding the gloo process group (DDP's reducer) run
+    after Python has stopped, does not: there a finished rank was seen to abort with
+    "terminate called without an active exception", failing a run whose outputs were complete.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def exit_with_user_error(exc: UserError) -> None:
