@@ -15,7 +15,6 @@ from typing import Any
 
 import accelerate
 
-from acc_train.accelerate_compat import skip_unused_library_imports
 from acc_train.config.strategy import resolve_strategy
 from acc_train.errors import UserError
 from acc_train.machine import current_machine, resolve_mixed_precision
@@ -69,7 +68,6 @@ class Accelerator(accelerate.Accelerator):
     ) -> None:
         if strategy is None:
             strategy = strategy_from_env()
-        skip_unused_library_imports()  # the job's own libraries only: a user's script imports its own
         machine = current_machine()
         strategy.check_environment(machine)
         merged = _merge_kwargs(strategy.accelerator_kwargs(job), kwargs)

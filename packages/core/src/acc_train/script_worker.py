@@ -27,6 +27,10 @@ def main() -> None:
             runpy.run_path(script, run_name="__main__")
         except UserError as exc:  # e.g. a strategy that cannot run here: one message, exit 2
             exit_with_user_error(exc)
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():  # a clean exit, not an abort in gloo's teardown
+            dist.destroy_process_group()
 
     run()
 

@@ -69,8 +69,10 @@ def make_accelerator(job: ResolvedJob) -> Accelerator:
     """``acc_train.Accelerator`` for the job's strategy, seeded."""
     from accelerate.utils import ProjectConfiguration, set_seed
 
+    from acc_train.accelerate_compat import skip_unused_library_imports
     from acc_train.accelerator import Accelerator
 
+    skip_unused_library_imports()  # acc-train's own loop: a user's script (acc-train launch) is left as it is
     t_cfg = job.config.training
     out = Path(job.config.output_dir)
     accelerator = Accelerator(
