@@ -19,7 +19,7 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` does
 
     from acc_train.errors import UserError
-    from acc_train.worker import exit_with_user_error
+    from acc_train.worker import exit_finished_run, exit_with_user_error
 
     @record
     def run() -> None:
@@ -31,6 +31,7 @@ def main() -> None:
 
         if dist.is_available() and dist.is_initialized():  # a clean exit, not an abort in gloo's teardown
             dist.destroy_process_group()
+        exit_finished_run()  # the script has returned: its process group's teardown must not abort it
 
     run()
 

@@ -45,14 +45,23 @@ def main(argv: list[str] | None = None) -> None:
 def exit_finished_run() -> None:
     """Exit 0 once the run has finished and written its outputs.
 
-    Python's exit handlers run (trackers, logging, coverage); the interpreter's own teardown,
-    where C++ destructors of objects still holding the gloo process group (DDP's reducer) run
-    after Python has stopped, does not: there a finished rank was seen to abort with
-    "terminate called without an active exception", failing a run whose outputs were complete.
+    Python's exit handlers run (trackers, logging, coverage) and open files are flushed; the
+    interpreter's own teardown, where C++ destructors of objects still holding the gloo process
+    group run after Python has stopped, does not: there finished ranks (training runs and
+    ``acc-train launch`` scripts) were seen to abort with "terminate called without an active
+    exception", failing runs whose outputs were complete.
     """
     import atexit
+    import gc
+    import io
 
     atexit._run_exitfuncs()
+    for obj in gc.get_objects():  # what teardown would flush: files still open (a script's own, too)
+        if isinstance(obj, io.IOBase) and not obj.closed:
+            try:
+                obj.flush()
+            except Exception:  # noqa: BLE001 - a file that cannot flush is not ours to fix at exit
+                pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
