@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from acc_train.checkpoint.format import CheckpointFormat
+from acc_train.checkpoint.format import CheckpointFormat, read_portable_state_or_refuse
 from acc_train.checkpoint.layout import resolve_checkpoint
 from acc_train.checkpoint.manifest import (
     MANIFEST,
@@ -26,7 +26,6 @@ from acc_train.checkpoint.manifest import (
 )
 from acc_train.checkpoint.portable import (
     PORTABLE_DIR,
-    read_portable_full,
     write_portable_full,
 )
 from acc_train.errors import UserError
@@ -99,13 +98,7 @@ def read_full_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     fmt = registered_formats().get(name) if isinstance(name, str) else None
     if fmt is not None:
         return fmt.read_full_state(ckpt, manifest)
-    if manifest.get("portable"):
-        return read_portable_full(ckpt)
-    raise UserError(
-        f"checkpoint format {name!r} has no portable state to convert",
-        where=str(ckpt),
-        hint="resume it under the strategy that wrote it, and save again with this version of acc-train",
-    )
+    return read_portable_state_or_refuse(ckpt, manifest)
 
 
 def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = None) -> Path:

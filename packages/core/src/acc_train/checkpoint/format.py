@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
 
-__all__ = ["CheckpointFormat", "DCPFormat"]
+__all__ = ["CheckpointFormat", "DCPFormat", "read_portable_state_or_refuse"]
 
 
 class CheckpointFormat(ABC):
@@ -69,13 +69,7 @@ class CheckpointFormat(ABC):
         ``optim.state.<fqn>.<name>``): what ``checkpoint convert`` and ``export`` read.
         The default reads the portable state; a format that writes none but keeps its state by
         parameter name in files of its own overrides this."""
-        if manifest.get("portable"):
-            return read_portable_full(directory)
-        raise UserError(
-            f"checkpoint format {manifest.get('format')!r} has no portable state to convert",
-            where=str(directory),
-            hint="resume it under the strategy that wrote it, and save again with this version of acc-train",
-        )
+        return read_portable_state_or_refuse(directory, manifest)
 
     def all_names(self) -> list[str]:
         return [self.name]
@@ -110,3 +104,14 @@ class DCPFormat(CheckpointFormat):
 
     def load_portable(self, accelerator: Accelerator, model: Any, optimizer: Any, directory: Path) -> None:
         load_portable_into(model, optimizer, directory)
+
+
+def read_portable_state_or_refuse(directory: Path, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A checkpoint's portable state, whole; a checkpoint without one is refused with a hint."""
+    if manifest.get("portable"):
+        return read_portable_full(directory)
+    raise UserError(
+        f"checkpoint format {manifest.get('format')!r} has no portable state to convert",
+        where=str(directory),
+        hint="resume it under the strategy that wrote it, and save again with this version of acc-train",
+    )
