@@ -131,12 +131,10 @@ def _checkpoints(root: Path, *steps: int, manifest: str = '{"step": 0, "files": 
     ],
 )
 @pytest.mark.parametrize("resume", ["latest", "auto"])
-def test_a_bad_pointer_falls_back_to_the_newest_complete_checkpoint(
-    tmp_path: Path, pointer: bytes | None, problem: str, resume: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    ckpts = _checkpoints(tmp_path, 2, 4, 10)
-    (ckpts / "step-000010" / "manifest.json").write_bytes(b"\x00not json")  # unreadable: never chosen
+def test_a_bad_pointer_falls_back_to_the_newest_complete_checkpoint(tmp_path: Path, pointer: bytes | None, problem: str, resume: str) -> None:
+    ckpts = _checkpoints(tmp_path, 2, 4)
     (ckpts / "step-000003").mkdir()
+    (ckpts / "step-000010").mkdir()  # a save that did not finish: no manifest
     (ckpts / ".staging-step-000012").mkdir()
     if pointer is not None:
         (ckpts / "latest").write_bytes(pointer)
@@ -147,6 +145,20 @@ def test_a_bad_pointer_falls_back_to_the_newest_complete_checkpoint(
     assert len(notes) == 2
 
 
+@pytest.mark.parametrize("resume", ["latest", "auto"])
+def test_a_newest_checkpoint_with_a_damaged_manifest_is_refused_not_passed_over(tmp_path: Path, resume: str) -> None:
+    """Resuming from step 4 would delete step 10 as abandoned at the first save."""
+    ckpts = _checkpoints(tmp_path, 2, 4, 10)
+    (ckpts / "step-000010" / "manifest.json").write_bytes(b"\x00\xffnot json")
+    (ckpts / "latest").write_text("step-000099\n")
+    with pytest.raises(UserError, match="step-000099") as info:
+        find_checkpoint(tmp_path, resume)
+    assert "step-000010" in str(info.value) and info.value.where == "--resume"
+    with pytest.raises(UserError, match="is not JSON") as info:
+        resolve_checkpoint(str(tmp_path))
+    assert info.value.where == "PATH"
+
+
 def test_a_pointer_that_is_a_directory_or_no_complete_checkpoint_at_all(tmp_path: Path) -> None:
     ckpts = _checkpoints(tmp_path)
     ckpts.mkdir(parents=True)
@@ -154,7 +166,7 @@ def test_a_pointer_that_is_a_directory_or_no_complete_checkpoint_at_all(tmp_path
     (ckpts / "step-000002").mkdir()  # incomplete
     notes: list[str] = []
     assert find_checkpoint(tmp_path, "auto", warn=notes.append) is None
-    assert len(notes) == 1 and "starting from step 0" in notes[0], notes
+    assert len(notes) == 1 and "not a file" in notes[0] and "starting from step 0" in notes[0], notes
     with pytest.raises(UserError, match="no complete checkpoint") as info:
         find_checkpoint(tmp_path, "latest")
     assert "latest" in str(info.value)

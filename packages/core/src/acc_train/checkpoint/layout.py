@@ -29,74 +29,77 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
-def _manifest_problem(path: Path) -> str | None:
-    """Why ``path`` is not a complete checkpoint, or None: it has a manifest that parses."""
-    if not path.is_dir():
-        return "which does not exist"
-    if not (path / MANIFEST).is_file():
-        return f"which has no {MANIFEST} (a save that did not finish)"
+def _manifest_unreadable(path: Path) -> str | None:
+    """Why ``path``'s manifest cannot be used, or None: it parses as a JSON object."""
     try:
         manifest = json.loads((path / MANIFEST).read_bytes())
-    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
-        return f"whose {MANIFEST} cannot be read as JSON"
-    return None if isinstance(manifest, dict) else f"whose {MANIFEST} is not a JSON object"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    except ValueError:  # UnicodeDecodeError is a ValueError
+        return "is not JSON"
+    return None if isinstance(manifest, dict) else "is not a JSON object"
 
 
 def _pointer(ckpt_root: Path) -> tuple[Path | None, str | None]:
-    """The checkpoint ``latest`` names if it is complete, else (None, what is wrong with it)."""
+    """The checkpoint ``latest`` names, or (None, what is wrong with the pointer). A named
+    checkpoint with a manifest is returned as it is: reading it checks the manifest."""
     pointer = ckpt_root / LATEST
-    shown = f"{pointer}"
     if not pointer.exists():
-        return None, f"{shown} is missing"
+        return None, f"{pointer} is missing"
     if not pointer.is_file():
-        return None, f"{shown} is not a file"
+        return None, f"{pointer} is not a file"
     try:
         name = pointer.read_bytes().decode("utf-8").strip()
     except OSError as exc:
-        return None, f"{shown} cannot be read ({exc.strerror or exc})"
+        return None, f"{pointer} cannot be read ({exc.strerror or exc})"
     except UnicodeDecodeError:
-        return None, f"{shown} is not UTF-8 text"
+        return None, f"{pointer} is not UTF-8 text"
     if not name:
-        return None, f"{shown} is empty"
+        return None, f"{pointer} is empty"
     if Path(name).name != name or name in (".", ".."):
-        return None, f"{shown} names {name[:80]!r}, which is not a checkpoint directory of this run"
-    problem = _manifest_problem(ckpt_root / name)
-    if problem is not None:
-        return None, f"{shown} names {name!r}, {problem}"
+        return None, f"{pointer} names {name[:80]!r}, which is not a checkpoint directory of this run"
+    if not (ckpt_root / name).is_dir():
+        return None, f"{pointer} names {name!r}, which does not exist"
+    if not (ckpt_root / name / MANIFEST).is_file():
+        return None, f"{pointer} names {name!r}, which has no {MANIFEST} (a save that did not finish)"
     return ckpt_root / name, None
 
 
-def _newest_complete(ckpt_root: Path) -> tuple[Path | None, list[str]]:
-    """The complete ``step-*`` directory of the highest step, and the newer ones passed over."""
+def _newest_complete(ckpt_root: Path, problem: str, where: str) -> Path | None:
+    """The ``step-*`` directory of the highest step that has a manifest (a directory without
+    one is a save that did not finish). One whose manifest does not parse is refused, never
+    passed over: a run resumed from an older one would delete it as abandoned."""
     steps = []
     for path in ckpt_root.glob("step-*"):
         digits = path.name.removeprefix("step-")
-        if digits.isdigit() and path.is_dir():
+        if digits.isdigit() and (path / MANIFEST).is_file():
             steps.append((int(digits), path))
-    skipped = []
-    for _, path in sorted(steps, reverse=True):
-        problem = _manifest_problem(path)
-        if problem is None:
-            return path, skipped
-        if (path / MANIFEST).is_file():  # an unfinished save (no manifest) is not worth a word
-            skipped.append(f"{path.name} ({problem.removeprefix('which ').removeprefix('whose ')})")
-    return None, skipped
+    if not steps:
+        return None
+    newest = max(steps)[1]
+    damage = _manifest_unreadable(newest)
+    if damage is not None:
+        raise UserError(
+            f"{problem}, and the newest checkpoint's {MANIFEST} {damage}: {newest / MANIFEST}",
+            where=where,
+            hint=f"repair or move {newest} aside, or pass an earlier checkpoint's path (which abandons the later ones)",
+        )
+    return newest
 
 
-def latest_checkpoint(ckpt_root: Path) -> tuple[Path | None, str | None]:
+def latest_checkpoint(ckpt_root: Path, where: str = "--resume") -> tuple[Path | None, str | None]:
     """The run's latest complete checkpoint: ``latest``'s, or the newest complete one when the
     pointer is missing, unreadable or dangling. Returns (checkpoint or None, a note saying why
     ``latest`` was not followed, or None when there is nothing to say)."""
     path, problem = _pointer(ckpt_root)
     if problem is None:
         return path, None
-    fallback, skipped = _newest_complete(ckpt_root)
-    if fallback is None and not skipped and not (ckpt_root / LATEST).exists():
-        return None, None  # no checkpoint was ever committed
-    passed = f" (passed over: {', '.join(skipped)})" if skipped else ""
+    fallback = _newest_complete(ckpt_root, problem, where)
     if fallback is not None:
-        return fallback, f"{problem}; using the newest complete checkpoint, {fallback}{passed}"
-    return None, f"{problem}, and there is no complete checkpoint under {ckpt_root}{passed}"
+        return fallback, f"{problem}; using the newest complete checkpoint, {fallback}"
+    if not (ckpt_root / LATEST).exists():
+        return None, None  # no checkpoint was ever committed: nothing to say
+    return None, f"{problem}, and there is no complete checkpoint under {ckpt_root}"
 
 
 def find_checkpoint(output_dir: Path, resume: str, warn: Warn | None = None) -> Path | None:
@@ -139,7 +142,7 @@ def resolve_checkpoint(path: str, warn: Warn | None = None) -> Path:
     """A checkpoint directory, or an output directory (its latest complete checkpoint)."""
     p = Path(path)
     if (p / "checkpoints").is_dir() and not (p / MANIFEST).exists():
-        found, note = latest_checkpoint(p / "checkpoints")
+        found, note = latest_checkpoint(p / "checkpoints", where="PATH")
         if found is None:
             raise UserError(
                 note or f"no complete checkpoint under {p / 'checkpoints'}",
