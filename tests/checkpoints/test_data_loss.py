@@ -182,3 +182,30 @@ def test_a_valid_pointer_is_followed_silently(tmp_path: Path) -> None:
     assert find_checkpoint(tmp_path, str(tmp_path), warn=notes.append) == ckpts / "step-000002"  # an output dir
     assert resolve_checkpoint(str(tmp_path), warn=notes.append) == ckpts / "step-000002"
     assert notes == []
+
+
+def test_a_restart_resumes_unless_the_run_overwrite_replaces_is_still_there(tmp_path: Path) -> None:
+    """``--overwrite --max-restarts N``: workers restarted after a failure before the checks had
+    passed must not continue the old run; after it, they continue the new one."""
+    import os
+
+    from acc_train.config import load_job
+    from acc_train.trainer import restart_resumes
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("the old run's\n")
+    launched = tmp_path / "launched.yaml"
+    launched.write_text("this run's\n")
+    os.utime(out / "config.yaml", ns=(1, 1))
+
+    def job(*flags: str) -> object:
+        given = {"output_dir": (str(out), "--output-dir")}
+        given.update({name: (True if name == "overwrite" else "latest", f"--{name}") for name in flags})
+        return load_job(flags=given)
+
+    assert restart_resumes(job(), str(launched))  # no run was replaced: continue this one
+    assert not restart_resumes(job("resume"), str(launched))  # --resume already says where from
+    assert not restart_resumes(job("overwrite"), str(launched))  # the old run is still there
+    (out / "config.yaml").write_bytes(launched.read_bytes())  # the new run got past its checks
+    assert restart_resumes(job("overwrite"), str(launched))

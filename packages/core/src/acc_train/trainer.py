@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
     from acc_train.config import ResolvedJob
 
-__all__ = ["train", "check_output_dir", "claim_output_dir", "RUN_FILES"]
+__all__ = ["train", "check_output_dir", "claim_output_dir", "restart_resumes", "RUN_FILES"]
 
 #: What a run writes into its output directory (an existing one is never silently replaced).
 RUN_FILES = ("config.yaml", METRICS_FILE, "run.json", "checkpoints", "final", "logs")
@@ -99,6 +99,19 @@ def claim_output_dir(job: ResolvedJob, accelerator: Accelerator, config_file: st
         except OSError as exc:
             raise UserError(f"cannot write the run's files into {str(out)!r}: {exc}", where="--output-dir") from None
     accelerator.wait_for_everyone()
+
+
+def restart_resumes(job: ResolvedJob, config_file: str) -> bool:
+    """Whether workers restarted after a failure (``--max-restarts``) continue from the latest
+    checkpoint: yes, unless ``--resume`` already says where from, or the run ``--overwrite``
+    replaces is still there because the failed attempt never got past its checks (its
+    ``config.yaml`` is older than ``config_file``, which the command wrote at launch)."""
+    if job.config.resume:
+        return False
+    if not job.config.overwrite:
+        return True
+    written = Path(job.config.output_dir) / "config.yaml"
+    return written.is_file() and written.stat().st_mtime_ns >= Path(config_file).stat().st_mtime_ns
 
 
 def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from acc_train.config import load_resolved
-    from acc_train.trainer import train
+    from acc_train.trainer import restart_resumes, train
 
     args = sys.argv[1:] if argv is None else argv
     from transformers.utils import logging as hf_logging
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     def run() -> None:
         try:
             job = load_resolved(args[0])
-            if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and not job.config.resume:
+            if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and restart_resumes(job, args[0]):
                 job.config.resume = "auto"  # restarted after a failure: continue from the latest checkpoint
             train(job, config_file=args[0])
         except UserError as exc:
