@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,12 +30,19 @@ def _umask() -> int:
     return mask
 
 
-def _nearest_existing(path: Path) -> Path:
-    """``path`` itself or its closest ancestor that exists."""
+def _nearest_existing(path: Path) -> tuple[Path, bool]:
+    """``path`` itself or its closest ancestor that exists, and whether it is a directory (one
+    this process may not look into counts as one: trying to write there says why not)."""
     current = path.absolute()
-    while not current.exists() and current != current.parent:
-        current = current.parent
-    return current
+    while True:
+        try:
+            return current, stat.S_ISDIR(current.stat().st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            if current == current.parent:
+                return current, True
+            current = current.parent
+        except OSError:  # no permission to look: the probe below reports it
+            return current, True
 
 
 def check_creatable(path: str, where: str, what: str = "output directory") -> Path:
@@ -46,9 +54,11 @@ def check_creatable(path: str, where: str, what: str = "output directory") -> Pa
     """
     if not path.strip():
         raise UserError(f"the {what} is empty", where=where, hint="name a directory (the current one is `.`)")
+    if "\0" in path:
+        raise UserError(f"the {what} {path!r} holds a NUL character, which no file name can", where=where)
     target = Path(path)
-    existing = _nearest_existing(target)
-    if not existing.is_dir():
+    existing, is_dir = _nearest_existing(target)
+    if not is_dir:
         shown = "it" if existing == target.absolute() else f"{str(existing)!r}"
         raise UserError(
             f"{path!r} cannot be a directory: {shown} is a file",
@@ -70,7 +80,7 @@ def check_creatable(path: str, where: str, what: str = "output directory") -> Pa
 def check_new_directory(path: str, where: str) -> Path:
     """Refuse ``path`` as a new directory: it exists, or it cannot be created."""
     target = Path(path)
-    if target.exists() or target.is_symlink():
+    if os.path.lexists(target):
         raise UserError(f"{path!r} already exists", where=where, hint="name a new directory; nothing is overwritten")
     return check_creatable(path, where)
 

@@ -7,9 +7,9 @@ torch (nor do the loop modules): the CLI uses :func:`check_output_dir` before wo
 
 Nothing under the output directory changes until every check that can refuse the run has
 passed: the CLI's (:func:`check_output_dir`) before launch, then every rank's (data, model,
-``--resume``) inside ``train()``; only then does rank 0 replace an ``--overwrite``-n run and
-put ``config.yaml`` in place (:func:`claim_output_dir`), and ``metrics.jsonl`` is rewritten
-after that, when training starts.
+``--resume``) inside ``train()``; only then does rank 0 delete the run ``--overwrite``
+replaces and put ``config.yaml`` in place (:func:`claim_output_dir`), and ``metrics.jsonl``
+is rewritten after that, when training starts.
 """
 
 from __future__ import annotations
