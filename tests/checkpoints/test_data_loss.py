@@ -74,6 +74,23 @@ def test_an_overwrite_refused_inside_the_workers_keeps_the_old_run(
 
 @pytest.mark.launch
 @pytest.mark.xdist_group("data-loss")
+def test_an_overwrite_replaces_the_old_run_once_its_checks_pass_and_a_restart_continues_the_new_one(
+    run_copy: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]
+) -> None:
+    """Killed at step 3, the restarted workers resume the new run's step 2: the old run (seed 7,
+    at step 4) is gone, or they would be refused its data order or find it finished."""
+    args = tiny_job_args(tiny_model_dir, tiny_data, run_copy, *RUN, "--seed", "8", "--overwrite", "--max-restarts", "1")
+    proc = run_cli(*args, env={"ACC_TRAIN_FAULT": "train-step@3:0"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((run_copy / "run.json").read_text())
+    assert summary["start_step"] == 2 and summary["steps"] == 4
+    assert "seed: 8" in (run_copy / "config.yaml").read_text()
+    manifest = json.loads((run_copy / "checkpoints" / "step-000004" / "manifest.json").read_text())
+    assert manifest["data"]["seed"] == 8
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("data-loss")
 def test_resume_auto_with_a_dangling_latest_continues_from_the_newest_complete_checkpoint(
     run_copy: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]
 ) -> None:
