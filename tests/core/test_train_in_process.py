@@ -13,7 +13,7 @@ import pytest
 from acc_train import hookimpl, plugins
 from acc_train.config import load_job
 from acc_train.metrics import read_metrics
-from acc_train.trainer import prepare_output_dir, train
+from acc_train.trainer import check_output_dir, train
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +73,7 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
             "checkpoint.every=4",
         ],
     )
-    out = prepare_output_dir(job)
+    out = check_output_dir(job)
     summary = train(job)
 
     assert recorder.calls == [
@@ -106,7 +106,7 @@ def test_resume_refuses_settings_that_change_the_data_order(tmp_path: Path) -> N
     ]
     out = str(tmp_path / "run")
     job = load_job(flags={"output_dir": (out, "--output-dir"), "training.max_steps": (2, "--max-steps")}, sets=sets)
-    prepare_output_dir(job)
+    check_output_dir(job)
     train(job)
     from accelerate.state import AcceleratorState, GradientState
 
@@ -138,7 +138,9 @@ def test_a_worker_imports_no_library_its_job_does_not_use(tmp_path: Path) -> Non
             "training.progress_bar=false",
         ],
     )
-    prepare_output_dir(job)
+    check_output_dir(job)
+    config = tmp_path / "job.yaml"  # as the command hands it to the workers
+    config.write_text(job.to_yaml())
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import sys\n"
@@ -153,7 +155,7 @@ def test_a_worker_imports_no_library_its_job_does_not_use(tmp_path: Path) -> Non
         "train(load_resolved(sys.argv[1]))\n"
         "print('imported before run.json:', sorted(seen))\n"
     )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(probe), str(tmp_path / "run" / "config.yaml")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(probe), str(config)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("imported before run.json: []") == 2, proc.stdout[-2000:]

@@ -17,6 +17,11 @@ from acc_train_cli.errors import user_errors
 __all__ = ["checkpoint"]
 
 
+def _warn(message: str) -> None:
+    """A run's ``latest`` pointer that was not followed: which checkpoint was used instead, and why."""
+    click.echo(f"warning: {message}", err=True)
+
+
 def _tools() -> ModuleType:
     """Core's checkpoint tools (``inspect_checkpoint``, ``convert_checkpoint``, ``export_checkpoint``)."""
     import acc_train.checkpoint_tools as tools  # the CLI's one import of them
@@ -35,7 +40,7 @@ def checkpoint() -> None:
 @user_errors
 def checkpoint_inspect(path: str, as_json: bool) -> None:
     """What a checkpoint's manifest says, and whether its files match it (exit 2 if not)."""
-    info = _tools().inspect_checkpoint(path)
+    info = _tools().inspect_checkpoint(path, warn=_warn)
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -65,7 +70,7 @@ def checkpoint_inspect(path: str, as_json: bool) -> None:
 @user_errors
 def checkpoint_convert(path: str, to: str, world_size: int | None, out: str) -> None:
     """Write PATH's state as a checkpoint in another format, at OUT (a new directory)."""
-    target = _tools().convert_checkpoint(path, to, out, world_size)
+    target = _tools().convert_checkpoint(path, to, out, world_size, warn=_warn)
     click.echo(f"converted -> {target} (format {to}; resume it with --resume {target})")
 
 
@@ -76,5 +81,5 @@ def checkpoint_convert(path: str, to: str, world_size: int | None, out: str) -> 
 @user_errors
 def checkpoint_export(path: str, to: str, out: str) -> None:
     """Write PATH's model as a transformers save_pretrained directory (safetensors) at OUT."""
-    target = _tools().export_checkpoint(path, to, out)
+    target = _tools().export_checkpoint(path, to, out, warn=_warn)
     click.echo(f"exported -> {target} (AutoModelForCausalLM.from_pretrained loads it)")

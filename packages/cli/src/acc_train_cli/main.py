@@ -58,19 +58,22 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     report_plugin_failures()
     from acc_train.data import check_data_files
     from acc_train.model import check_model_path
-    from acc_train.trainer import prepare_output_dir
+    from acc_train.trainer import check_output_dir
 
     cfg = job.config
     check_model_path(cfg.model)
     check_data_files(cfg.data)
-    if cfg.launch.machine_rank == 0:
-        out = prepare_output_dir(job)
-        config_path = str(out / "config.yaml")
-    else:  # other machines: the run's files belong to machine 0
-        fd, config_path = tempfile.mkstemp(prefix="acc-train-", suffix=".yaml")
+    if cfg.launch.machine_rank == 0:  # the run's files belong to machine 0
+        check_output_dir(job)
+    # the workers read the resolved config from a file of their own: the output directory is
+    # left as it is until every worker's checks have passed (rank 0 then writes config.yaml)
+    fd, config_path = tempfile.mkstemp(prefix="acc-train-", suffix=".yaml")
+    try:
         with os.fdopen(fd, "w") as f:
             f.write(job.to_yaml())
-    _run_workers(cfg.launch, ["-m", "acc_train.worker", config_path], {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision})
+        _run_workers(cfg.launch, ["-m", "acc_train.worker", config_path], {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision})
+    finally:
+        os.unlink(config_path)
     if cfg.launch.machine_rank == 0:
         summary_path = os.path.join(cfg.output_dir, "run.json")
         if os.path.isfile(summary_path):

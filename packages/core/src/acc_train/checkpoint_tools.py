@@ -4,15 +4,17 @@ Everything here runs in one process, without a process group: a checkpoint's sta
 whole through its format's :meth:`~acc_train.checkpoint.CheckpointFormat.read_full_state`
 (by default the portable state, DCP safetensors shards keyed by parameter name). Convert
 targets are the registered formats that say ``convert_target``. Nothing is written until the
-input has been checked against its manifest, and outputs appear atomically (written beside,
-then renamed).
+input has been checked against its manifest, and outputs appear atomically: written into a
+freshly made sibling directory (never a fixed name, which may be the user's), renamed into
+place, removed on failure (:func:`acc_train.output_paths.new_directory`). ``OUT`` is refused
+before any work if it exists or cannot be created.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from acc_train.checkpoint.portable import (
     write_portable_full,
 )
 from acc_train.errors import UserError
+from acc_train.output_paths import check_new_directory, new_directory
 
 __all__ = [
     "resolve_checkpoint",
@@ -41,9 +44,13 @@ __all__ = [
 ]
 
 
-def inspect_checkpoint(path: str) -> dict[str, Any]:
+#: told when an output directory's ``latest`` pointer was not followed (see ``resolve_checkpoint``)
+Warn = Callable[[str], None]
+
+
+def inspect_checkpoint(path: str, warn: Warn | None = None) -> dict[str, Any]:
     """What the manifest says, and whether the files match it (raises UserError if not)."""
-    ckpt = resolve_checkpoint(path)
+    ckpt = resolve_checkpoint(path, warn)
     manifest = verify_checkpoint(ckpt)
     files = manifest["files"]
     return {
@@ -64,17 +71,6 @@ def inspect_checkpoint(path: str) -> dict[str, Any]:
         "bytes": sum(f["size"] for f in files.values()),
         "verified": True,
     }
-
-
-def _new_output(out: str) -> tuple[Path, Path]:
-    target = Path(out)
-    if target.exists():
-        raise UserError(f"{out!r} already exists", where="OUT", hint="name a new directory; nothing is overwritten")
-    staging = target.with_name(f".{target.name}.tmp")
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
-    return target, staging
 
 
 def registered_formats() -> dict[str, CheckpointFormat]:
@@ -101,7 +97,7 @@ def read_full_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return read_portable_state_or_refuse(ckpt, manifest)
 
 
-def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = None) -> Path:
+def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = None, warn: Warn | None = None) -> Path:
     """Write ``path`` as a checkpoint in format ``to`` at ``out``: the portable state (resharded
     by DCP when it is loaded, so valid for any world size), trainer state and RNG states."""
     targets = convert_targets()
@@ -109,11 +105,11 @@ def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = No
         raise UserError(f"cannot convert to {to!r}", where="--to", hint=f"choose one of: {', '.join(targets)}")
     if world_size is not None and world_size < 1:
         raise UserError(f"--world-size must be at least 1 (got {world_size})", where="--world-size")
-    ckpt = resolve_checkpoint(path)
+    check_new_directory(out, "OUT")
+    ckpt = resolve_checkpoint(path, warn)
     manifest = verify_checkpoint(ckpt)
     flat = read_full_state(ckpt, manifest)
-    target, staging = _new_output(out)
-    try:
+    with new_directory(out, "OUT") as staging:
         write_portable_full(staging, flat)
         writer_world = int(manifest.get("world_size") or 1)
         new_world = world_size or writer_world
@@ -131,19 +127,16 @@ def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = No
             "files": file_table(staging),
         }
         write_json(staging / MANIFEST, converted)
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
+    return Path(out)
 
 
-def export_checkpoint(path: str, to: str, out: str) -> Path:
+def export_checkpoint(path: str, to: str, out: str, warn: Warn | None = None) -> Path:
     """Write the checkpoint's model as a ``save_pretrained`` directory (safetensors) that
     ``transformers`` loads."""
     if to != "hf":
         raise UserError(f"cannot export to {to!r}", where="--to", hint="choose: hf")
-    ckpt = resolve_checkpoint(path)
+    check_new_directory(out, "OUT")
+    ckpt = resolve_checkpoint(path, warn)
     manifest = verify_checkpoint(ckpt)
     if not (ckpt / "model_config.json").is_file():
         raise UserError("the checkpoint has no model_config.json", where=str(ckpt), hint="export the run's final/ directory instead")
@@ -170,11 +163,6 @@ def export_checkpoint(path: str, to: str, out: str) -> Path:
         )
     if tied:
         model.tie_weights()
-    target, staging = _new_output(out)
-    try:
+    with new_directory(out, "OUT") as staging:
         model.save_pretrained(staging, safe_serialization=True)
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
+    return Path(out)

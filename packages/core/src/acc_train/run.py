@@ -66,10 +66,11 @@ class RunReporter:
     def acc_train_train_start(self, run: RunContext) -> None:
         if not run.is_main_process:
             return
-        keep = []
+        keep = []  # (train_start comes after every check that can refuse the run: trainer.claim_output_dir)
         if self.resumed_step and self.metrics_path.is_file():  # drop steps the resumed run will redo
-            # (a line cut short by a crash counts as unlogged)
-            keep = [ln for ln in self.metrics_path.read_text().splitlines() if (row := parse_line(ln)) is not None and row.step <= self.resumed_step]
+            # (a line cut short by a crash, or not text, counts as unlogged)
+            text = self.metrics_path.read_text(errors="replace")
+            keep = [ln for ln in text.splitlines() if (row := parse_line(ln)) is not None and row.step <= self.resumed_step]
         self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
         self._file = open(self.metrics_path, "a", buffering=1)
         if run.config.training.progress_bar:

@@ -3,13 +3,19 @@ finish), each a function of :mod:`acc_train.loop`; and the output directory it w
 
 The steps know nothing strategy-specific: the strategy shapes the Accelerator, names the
 checkpoint format and may supply a model-state meter, and that is all. Importing it imports no
-torch (nor do the loop modules): the CLI uses :func:`prepare_output_dir` before workers start.
+torch (nor do the loop modules): the CLI uses :func:`check_output_dir` before workers start.
+
+Nothing under the output directory changes until every check that can refuse the run has
+passed: the CLI's (:func:`check_output_dir`) before launch, then every rank's (data, model,
+``--resume``) inside ``train()``; only then does rank 0 delete the run ``--overwrite``
+replaces and put ``config.yaml`` in place (:func:`claim_output_dir`), and ``metrics.jsonl``
+is rewritten after that, when training starts.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,62 +23,109 @@ from acc_train.checkpoint import check_async_save, check_same_model, find_checkp
 from acc_train.errors import UserError
 from acc_train.loop import LoopInputs, finish, run_loop, setup
 from acc_train.metrics import METRICS_FILE
+from acc_train.output_paths import check_creatable, replace_file
 from acc_train.plugins import call_lifecycle, checkpoint_formats
 from acc_train.run import RunContext, reporting
 
 if TYPE_CHECKING:
+    from acc_train.accelerator import Accelerator
     from acc_train.config import ResolvedJob
 
-__all__ = ["train", "prepare_output_dir", "RUN_FILES"]
+__all__ = ["train", "check_output_dir", "claim_output_dir", "restart_resumes", "RUN_FILES"]
 
 #: What a run writes into its output directory (an existing one is never silently replaced).
 RUN_FILES = ("config.yaml", METRICS_FILE, "run.json", "checkpoints", "final", "logs")
 
 
-def prepare_output_dir(job: ResolvedJob) -> Path:
-    """Create the output directory, refusing to overwrite a previous run unless asked.
+def _warn(message: str) -> None:
+    sys.stderr.write(f"warning: {message}\n")
 
-    Called once, before workers start. Writes the resolved ``config.yaml``.
+
+def _previous_run(out: Path) -> list[str]:
+    """The files of a run in ``out`` (a config.yaml alone is a launch that never trained)."""
+    return [name for name in RUN_FILES if name != "config.yaml" and (out / name).exists()]
+
+
+def check_output_dir(job: ResolvedJob) -> Path:
+    """Refuse, before workers start, an output directory the run cannot write or must not
+    replace, and a ``--resume`` that cannot succeed. Writes nothing.
+
+    Called once, by the command on machine 0. A resume's checkpoint is checked whole here (its
+    files against the manifest, the model); the workers check it again against what they
+    build.
     """
     cfg = job.config
-    out = Path(cfg.output_dir)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{str(out)!r} exists and is not a directory", where="--output-dir")
-    # a config.yaml alone is a launch that never trained: it is simply replaced
-    existing = [name for name in RUN_FILES if name != "config.yaml" and (out / name).exists()]
+    if cfg.resume and cfg.overwrite:
+        raise UserError(
+            f"--resume {cfg.resume} continues the run in {cfg.output_dir!r}, and --overwrite would replace it",
+            where="--overwrite",
+            hint="drop --overwrite to continue the run, or --resume to start it over",
+        )
+    out = check_creatable(cfg.output_dir, "--output-dir")
+    existing = _previous_run(out)
     if existing and not cfg.resume and not cfg.overwrite:
         raise UserError(
             f"{str(out)!r} already holds a run ({', '.join(existing)})",
             where="--output-dir",
             hint="pass --resume latest to continue it, --overwrite to replace it, or another --output-dir",
         )
-    if existing and cfg.overwrite and not cfg.resume:
-        for name in existing:
-            target = out / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
     if cfg.checkpoint.async_save:
         check_async_save(checkpoint_formats().get(job.strategy.checkpoint_format_name()))
-    if cfg.resume:  # fail before launch, and before writing anything, on a bad --resume
-        path = find_checkpoint(out, cfg.resume)
+    if cfg.resume:  # fail before launch on a bad --resume
+        path = find_checkpoint(out, cfg.resume, warn=_warn)
         if path is not None:
             from acc_train.model import model_config
 
             check_same_model(verify_checkpoint(path), model_fingerprint(model_config(cfg)), path)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "config.yaml.tmp"
-    tmp.write_text(job.to_yaml())
-    os.replace(tmp, out / "config.yaml")
     return out
 
 
-def train(job: ResolvedJob) -> dict[str, Any]:
-    """Run the job on this process (one rank of the launched workers). Returns run.json's content."""
+def claim_output_dir(job: ResolvedJob, accelerator: Accelerator, config_file: str | None = None) -> None:
+    """Once every rank has passed its checks: replace the previous run if ``--overwrite`` says
+    so, and write ``config.yaml`` (``config_file``'s text, the resolved config the command
+    handed the workers; the job's own YAML without one). Rank 0 writes; every rank waits."""
+    accelerator.wait_for_everyone()  # every rank's checks have passed
+    cfg = job.config
+    out = Path(cfg.output_dir)
+    if accelerator.is_main_process:
+        try:
+            if cfg.overwrite and not cfg.resume:  # (a restarted worker resumes: it never deletes)
+                for name in _previous_run(out):
+                    target = out / name
+                    shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+            out.mkdir(parents=True, exist_ok=True)
+            text = Path(config_file).read_bytes() if config_file else job.to_yaml().encode()
+            replace_file(out / "config.yaml", text)
+        except OSError as exc:
+            raise UserError(f"cannot write the run's files into {str(out)!r}: {exc}", where="--output-dir") from None
+    accelerator.wait_for_everyone()
+
+
+def restart_resumes(job: ResolvedJob, config_file: str) -> bool:
+    """Whether workers restarted after a failure (``--max-restarts``) continue from the latest
+    checkpoint: yes, unless ``--resume`` already says where from, or the run ``--overwrite``
+    replaces is still there because the failed attempt never got past its checks (its
+    ``config.yaml`` is older than ``config_file``, which the command wrote at launch)."""
+    if job.config.resume:
+        return False
+    if not job.config.overwrite:
+        return True
+    written = Path(job.config.output_dir) / "config.yaml"
+    return written.is_file() and written.stat().st_mtime_ns >= Path(config_file).stat().st_mtime_ns
+
+
+def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
+    """Run the job on this process (one rank of the launched workers). Returns run.json's content.
+
+    ``config_file`` is the resolved config the workers were started with; it becomes the run's
+    ``config.yaml`` once every check has passed (:func:`claim_output_dir`)."""
     accelerator = setup.make_accelerator(job)
     data = setup.load_data(job, accelerator)
     built = setup.build_model(job, data)
     prepared = setup.prepare(job, accelerator, built, data)
     manager = setup.checkpoint_manager(job, accelerator, built, data)
     state, resumed_from = setup.resume(job, manager, prepared, data.max_steps)
+    claim_output_dir(job, accelerator, config_file)
 
     run = RunContext(
         job=job,

@@ -1,6 +1,8 @@
 """One worker process of a training run: ``python -m acc_train.worker CONFIG.yaml``.
 
-The launcher starts one per rank. A mistake in the user's input exits with code 2 and its
+The launcher starts one per rank. CONFIG.yaml is the resolved config the command wrote outside
+the output directory; rank 0 copies it there as ``config.yaml`` once every rank's checks have
+passed. A mistake in the user's input exits with code 2 and its
 message in the elastic error file, so the launching command can show it once, without a
 traceback; any other failure is recorded with its traceback.
 """
@@ -17,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from acc_train.config import load_resolved
-    from acc_train.trainer import train
+    from acc_train.trainer import restart_resumes, train
 
     args = sys.argv[1:] if argv is None else argv
     from transformers.utils import logging as hf_logging
@@ -28,9 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     def run() -> None:
         try:
             job = load_resolved(args[0])
-            if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and not job.config.resume:
+            if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and restart_resumes(job, args[0]):
                 job.config.resume = "auto"  # restarted after a failure: continue from the latest checkpoint
-            train(job)
+            train(job, config_file=args[0])
         except UserError as exc:
             exit_with_user_error(exc)
         import torch.distributed as dist

@@ -194,7 +194,11 @@ def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltM
 
 
 def resume(job: ResolvedJob, manager: CheckpointManager, prepared: Prepared, max_steps: int) -> tuple[TrainerState, str | None]:
-    """Restore ``--resume``'s checkpoint, if there is one: (where training stands, its path)."""
+    """Restore ``--resume``'s checkpoint, if there is one: (where training stands, its path).
+
+    The command has said which checkpoint ``latest`` stands for when the pointer was not
+    followed (:func:`acc_train.checkpoint.find_checkpoint`); the workers find the same one
+    without repeating it."""
     cfg = job.config
     path = find_checkpoint(Path(cfg.output_dir), cfg.resume) if cfg.resume else None
     if path is None:
