@@ -63,7 +63,8 @@ def test_real_fsdp_shards_parameters_across_two_cpu_ranks(which: str, request: p
 @pytest.mark.parametrize("which", ["fsdp2_run", "fsdp1_run"])
 def test_losses_match_ddp_with_the_same_seed_and_data(which: str, request: pytest.FixtureRequest, ddp_run: Path) -> None:
     fsdp, ddp = read_metrics(request.getfixturevalue(which)), read_metrics(ddp_run)
-    for step in range(1, 11):
+    assert ddp[20]["epoch"] > ddp[10]["epoch"] >= 1, "the comparison must cross epoch boundaries"
+    for step in range(1, 21):
         assert fsdp[step]["loss"] == pytest.approx(ddp[step]["loss"], abs=1e-4), step
 
 
@@ -88,15 +89,24 @@ def test_fsdp1_full_state_checkpoint_resumes(fsdp1_run: Path, tmp_path: Path, ti
 
 
 @pytest.mark.parametrize("which", ["fsdp2_run", "fsdp1_run"])
-def test_final_model_is_consolidated_for_transformers(which: str, request: pytest.FixtureRequest) -> None:
+def test_final_model_is_consolidated_for_transformers(which: str, request: pytest.FixtureRequest, tiny_model_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
+
+    from acc_train.checkpoint_tools import read_full_state
 
     run = request.getfixturevalue(which)
     model = AutoModelForCausalLM.from_pretrained(run / "final")
     summary = json.loads((run / "run.json").read_text())
     assert sum(p.numel() for p in model.parameters()) == summary["model_parameters"]
     assert torch.isfinite(model(torch.tensor([[2, 3, 4, 5]])).logits).all()
+    # the exported weights are the trained ones: equal to the last checkpoint's (dcp or fsdp-full)
+    last = run / "checkpoints" / "step-000020"
+    ckpt = read_full_state(last, json.loads((last / "manifest.json").read_text()))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, ckpt[f"model.{name}"]), name
+    untrained = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert not torch.equal(untrained.model.embed_tokens.weight, model.model.embed_tokens.weight)
 
 
 @pytest.mark.gpu
