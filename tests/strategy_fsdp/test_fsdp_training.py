@@ -45,6 +45,7 @@ def fsdp1_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, ti
     out = tmp_path_factory.mktemp("fsdp1") / "run"
     proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--config", str(cfg)))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    (out.parent / "stderr.txt").write_text(proc.stderr)  # what the user saw, for the warning test
     return out
 
 
@@ -58,6 +59,18 @@ def test_real_fsdp_shards_parameters_across_two_cpu_ranks(which: str, request: p
     total = summary["model_parameters"]
     for rank in summary["per_rank"]:
         assert rank["param_elements"] == pytest.approx(total / 2, rel=0.1), rank
+
+
+def test_warnings_print_once_per_machine_not_once_per_rank(fsdp1_run: Path) -> None:
+    """The file asks for fsdp_sync_module_states, which FSDP1 cannot use on CPU: acc-train says
+    so once, not once per rank, and the libraries' warnings every rank repeats (Accelerate's
+    sharding_strategy deprecation, torch's FutureWarnings) print from one rank only."""
+    stderr = (fsdp1_run.parent / "stderr.txt").read_text()
+    ours = [line for line in stderr.splitlines() if line.startswith("warning: ")]
+    assert any("strategy.sync_module_states is not used on CPU" in line for line in ours), stderr[-3000:]
+    assert len(ours) == len(set(ours)), ours
+    for library in ("sharding_strategy is deprecated in favor of reshard_after_forward", "`torch.distributed.reduce_op` is deprecated"):
+        assert stderr.count(library) <= 1, (library, stderr[-3000:])
 
 
 @pytest.mark.parametrize("which", ["fsdp2_run", "fsdp1_run"])

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from typing import TYPE_CHECKING, Any
 
-from acc_train.api import Machine, Strategy, UserError
+from acc_train.api import Machine, Strategy, UserError, warn_once_per_machine
 from acc_train_fsdp.options import FSDPOptions
 
 if TYPE_CHECKING:
@@ -74,11 +73,11 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         on_cpu = current_machine().device_type == "cpu"
         ram_efficient = options.cpu_ram_efficient_loading
         if ram_efficient and job is not None and job.config.model.name_or_path is None:
-            sys.stderr.write("warning: strategy.cpu_ram_efficient_loading has no effect on the demo model (nothing is loaded from disk)\n")
+            warn_once_per_machine("strategy.cpu_ram_efficient_loading has no effect on the demo model (nothing is loaded from disk)")
         if ram_efficient and on_cpu and options.version == 1:
-            sys.stderr.write(
-                "warning: strategy.cpu_ram_efficient_loading is not used under FSDP1 on CPU (it needs the rank-0 broadcast "
-                "FSDP1 cannot do there); every rank loads the weights itself\n"
+            warn_once_per_machine(
+                "strategy.cpu_ram_efficient_loading is not used under FSDP1 on CPU (it needs the rank-0 broadcast "
+                "FSDP1 cannot do there); every rank loads the weights itself"
             )
             ram_efficient = False
         if not on_cpu:
@@ -119,9 +118,9 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         if current_machine().device_type != "cpu":
             return True if options.sync_module_states is None else options.sync_module_states
         if options.sync_module_states:
-            sys.stderr.write(
-                "warning: strategy.sync_module_states is not used on CPU (FSDP1 cannot initialise parameters there); "
-                "every rank already starts from the same weights (same seed, or the same pretrained files)\n"
+            warn_once_per_machine(
+                "strategy.sync_module_states is not used on CPU (FSDP1 cannot initialise parameters there); "
+                "every rank already starts from the same weights (same seed, or the same pretrained files)"
             )
         return False
 
