@@ -176,10 +176,13 @@ class CheckpointManager:
         future, state, staging = self._pending
         self._pending = None
         started = time.perf_counter()
-        running = not future.done() if hasattr(future, "done") else False
+        still_writing = hasattr(future, "done") and not future.done()
         future.result()
-        done = self._writes_done[0] if self._writes_done else started if running else self._handed_back
-        self.overlap_s.append(max(0.0, min(done, started) - self._handed_back))
+        if self._writes_done:  # when the writes ended, from the future's callback
+            ended = min(self._writes_done[0], started)
+        else:  # no callback (yet): they overlapped up to here, or, unknown, not at all
+            ended = started if still_writing else self._handed_back
+        self.overlap_s.append(max(0.0, ended - self._handed_back))
         waited = time.perf_counter() - started
         fault_point("save-state-written", state.step)
         self._commit(staging, state)
