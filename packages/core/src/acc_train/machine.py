@@ -65,7 +65,7 @@ def warn_once_per_machine(message: str) -> None:
 
 
 #: loggers of the libraries a worker runs, whose warnings every rank repeats
-_LIBRARY_LOGGERS = ("accelerate", "datasets", "transformers", "torch", "DeepSpeed")
+_LIBRARY_LOGGERS = ("accelerate", "datasets", "transformers", "torch")
 
 
 def quiet_other_local_ranks() -> None:
@@ -80,6 +80,4 @@ def quiet_other_local_ranks() -> None:
     warnings.simplefilter("ignore")
     os.environ["TRANSFORMERS_VERBOSITY"] = os.environ["DATASETS_VERBOSITY"] = "error"  # read when they set their levels
     for name in _LIBRARY_LOGGERS:
-        logger = logging.getLogger(name)
-        logger.setLevel(logging.ERROR)
-        logger.addFilter(lambda record: record.levelno >= logging.ERROR)  # DeepSpeed resets its level on import
+        logging.getLogger(name).setLevel(logging.ERROR)
