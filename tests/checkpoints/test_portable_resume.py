@@ -58,11 +58,19 @@ def _portable_tensors(checkpoint: Path) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("writer", "reader"),
-    [("zero3-2", "fsdp2-2"), ("zero3-2", "ddp-1"), ("fsdp2-2", "zero2-2"), ("ddp-2", "fsdp2-2")],
+    ("writer", "reader", "via"),
+    [
+        # another format, same world size: deepspeed's files -> the portable state -> FSDP2 (and back)
+        ("zero3-2", "fsdp2-2", "portable"),
+        ("fsdp2-2", "zero2-2", "portable"),
+        # another format and world size
+        ("zero3-2", "ddp-1", "portable"),
+        # the same format (dcp) under another strategy: DCP itself reshards DDP's replica into FSDP2's shards
+        ("ddp-2", "fsdp2-2", "native"),
+    ],
 )
 def test_resume_under_another_strategy_or_world_size_continues_its_run(
-    writer: str, reader: str, runs, no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path: Path
+    writer: str, reader: str, via: str, runs, no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path: Path
 ) -> None:
     import torch
 
@@ -72,6 +80,11 @@ def test_resume_under_another_strategy_or_world_size_continues_its_run(
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((out / "run.json").read_text())
     assert summary["start_step"] == 10 and summary["resumed_from"] == str(saved)
+    assert summary["resumed_via"] == via, (writer, reader, summary["resumed_via"])  # the path the load really took
+    written = json.loads((saved / "manifest.json").read_text())
+    native = json.loads((runs(reader) / "checkpoints" / "step-000010" / "manifest.json").read_text())
+    same = (written["format"], written["world_size"]) == (native["format"], native["world_size"])
+    assert same == (via == "native"), (written["format"], written["world_size"], native["format"], native["world_size"])
 
     uninterrupted = runs(reader)
     again, full = read_metrics(out), read_metrics(uninterrupted)

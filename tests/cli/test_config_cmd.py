@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
+import pexpect
 import pytest
 import yaml
 
 from tests.conftest import run_cli
-
-pexpect = pytest.importorskip("pexpect")
 
 
 @pytest.fixture
@@ -188,7 +188,6 @@ def test_precedence_defaults_file_then_config_then_flags_then_set(default_file: 
 
 
 def test_schema_accepts_good_configs_and_rejects_bad_ones(default_file: Path) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     proc = run_cli("config", "schema")
     assert proc.returncode == 0, proc.stderr
     schema = json.loads(proc.stdout)

@@ -4,9 +4,14 @@
 find it too) that gets three things wrong: its options schema allows unknown keys; it skips
 DDP's gradient all-reduce yet declares itself equivalent to DDP; and, its ranks having
 drifted apart, it still checkpoints one copy of what it takes for replicated state, so a resume
-cannot reproduce the run.
-The kit runs on it (and on a name nothing registers) in a separate pytest session, and each
-defect must fail its own test with a message that says what is wrong, while the rest pass.
+cannot reproduce the run and the exported model is not the checkpointed one. The same plugin registers two strategies that train correctly but
+report falsely: ``broken-fallback`` says it is Accelerate's FSDP yet accepts the silent fallback
+to DDP that Accelerate makes on CPU, and ``broken-replica`` says it shards its parameters yet
+holds a whole replica on every rank.
+The kit runs on them (and on a name nothing registers) in a separate pytest session, and each
+defect must fail its own test with a message that says what is wrong, while the rest pass. To
+keep the launches few, the two false reporters skip the resume test (a second launch each,
+which checks nothing their defects touch).
 """
 
 from __future__ import annotations
@@ -43,9 +48,34 @@ class BrokenDP(Strategy):
         return True  # broken: it does not all-reduce gradients
 
 
+class FallbackFSDP(Strategy):
+    name = "broken-fallback"
+    description = "claims FSDP, runs DDP on CPU"
+    accelerate_distributed_types = ("FSDP",)  # it says it is Accelerate's FSDP...
+
+    def accelerator_kwargs(self, job):
+        return {}  # broken: ...but never switches Accelerate's state, so on CPU it runs as DDP
+
+    def expected_distributed_types(self, machine):
+        return {"FSDP", "MULTI_CPU"}  # broken: accepts the fallback instead of refusing it
+
+
+class ReplicatingShards(Strategy):
+    name = "broken-replica"
+    description = "claims sharding, replicates"
+
+    def accelerator_kwargs(self, job):
+        return {}  # broken: plain DDP, the whole model on every rank...
+
+    def parameter_shards(self, machine):
+        return machine.world_size  # ...though it claims each rank holds 1/N of it
+
+
 @hookimpl
 def acc_train_register_strategies(register):
     register(BrokenDP())
+    register(FallbackFSDP())
+    register(ReplicatingShards())
 
 
 @hookimpl
@@ -61,7 +91,7 @@ import pytest
 
 from acc_train.testing import TestStrategyConformance  # noqa: F401
 
-pytestmark = pytest.mark.acc_train_strategy("broken-dp", "no-such-strategy")
+pytestmark = pytest.mark.acc_train_strategy("broken-dp", "broken-fallback", "broken-replica", "no-such-strategy")
 '''
 
 
@@ -82,7 +112,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, s
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-o", "addopts=", "--rootdir", str(project),
-         f"--junitxml={report}", "test_broken.py"],
+         f"--junitxml={report}", "-k", "not (stop_and_resume and (fallback or replica))", "test_broken.py"],
         capture_output=True, text=True, cwd=project, env=env, timeout=1200,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]  # 1: tests ran, some failed
@@ -96,26 +126,36 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, s
     return results
 
 
-def test_what_broken_dp_gets_right_passes(outcomes: dict[str, tuple[str, str]]) -> None:
-    for test in ("test_registers_and_lists", "test_trains_on_two_cpu_processes", "test_checkpoints_carry_a_valid_manifest"):
-        assert outcomes[f"{test}[broken-dp]"][0] == "passed", outcomes[f"{test}[broken-dp]"]
+#: (strategy, kit test, what its failure message must say): each defect fails its own test
+DEFECTS = [
+    ("broken-dp", "test_options_schema_rejects_unknown_keys", 'the options schema of "broken-dp" accepted the unknown key strategy.no_such_option_kit'),
+    ("broken-dp", "test_stop_and_resume_reproduces_the_uninterrupted_run", "the checkpoint does not hold everything training depends on"),
+    ("broken-dp", "test_losses_match_ddp_where_declared_equivalent", '"broken-dp" declares itself equivalent to DDP, but at step'),
+    ("broken-dp", "test_exported_model_holds_the_checkpointed_weights", "differs from the step-12 checkpoint's: the exported model is not the trained one"),
+    ("broken-fallback", "test_runs_as_the_distributed_type_it_claims", "processes ran as MULTI_CPU: it silently fell back to another distributed type"),
+    ("broken-replica", "test_each_rank_holds_the_parameter_share_it_claims", "it replicates the model instead of sharding it"),
+]
 
 
-@pytest.mark.parametrize(
-    ("test", "message"),
-    [
-        ("test_options_schema_rejects_unknown_keys", 'the options schema of "broken-dp" accepted the unknown key strategy.no_such_option_kit'),
-        ("test_stop_and_resume_reproduces_the_uninterrupted_run", "the checkpoint does not hold everything training depends on"),
-        ("test_losses_match_ddp_where_declared_equivalent", '"broken-dp" declares itself equivalent to DDP, but at step'),
-    ],
-)
-def test_each_defect_fails_its_own_test_with_a_clear_message(outcomes: dict[str, tuple[str, str]], test: str, message: str) -> None:
-    status, text = outcomes[f"{test}[broken-dp]"]
+@pytest.mark.parametrize("strategy", ["broken-dp", "broken-fallback", "broken-replica"])
+def test_what_each_broken_strategy_gets_right_passes(outcomes: dict[str, tuple[str, str]], strategy: str) -> None:
+    defects = {test for name, test, _ in DEFECTS if name == strategy}
+    ran = {name.split("[")[0]: result for name, result in outcomes.items() if name.endswith(f"[{strategy}]")}
+    assert len(ran) >= 8, sorted(ran)  # every kit test but, for the false reporters, the deselected resume
+    for test, (status, text) in ran.items():
+        if test not in defects:
+            assert status in ("passed", "skipped"), (strategy, test, text)
+    assert ran["test_trains_on_two_cpu_processes"][0] == "passed", ran["test_trains_on_two_cpu_processes"]
+
+
+@pytest.mark.parametrize(("strategy", "test", "message"), DEFECTS, ids=[f"{s}-{t.removeprefix('test_')}" for s, t, _ in DEFECTS])
+def test_each_defect_fails_its_own_test_with_a_clear_message(outcomes: dict[str, tuple[str, str]], strategy: str, test: str, message: str) -> None:
+    status, text = outcomes[f"{test}[{strategy}]"]
     assert status == "failed" and message in text, (status, text)
 
 
 def test_a_strategy_nothing_registers_fails_every_check_by_name(outcomes: dict[str, tuple[str, str]]) -> None:
     checks = {name: result for name, result in outcomes.items() if name.endswith("[no-such-strategy]")}
-    assert len(checks) == 6 and all(status == "failed" for status, _ in checks.values()), checks
+    assert len(checks) == 9 and all(status == "failed" for status, _ in checks.values()), checks
     assert 'strategy "no-such-strategy" is not registered' in checks["test_registers_and_lists[no-such-strategy]"][1]
     assert 'unknown strategy "no-such-strategy"' in checks["test_options_schema_rejects_unknown_keys[no-such-strategy]"][1]

@@ -84,3 +84,25 @@ def test_accelerate_deepspeed_yaml_is_read_as_it_is(tmp_path: Path) -> None:
     assert resolved["strategy"]["zero3_save_16bit_model"] is True
     assert resolved["training"]["gradient_accumulation_steps"] == 2 and resolved["training"]["max_grad_norm"] == 0.5
     assert resolved["launch"]["num_processes"] == 2
+
+
+def test_parameter_shards_and_the_reported_stage_come_from_what_runs() -> None:
+    """Only ZeRO-3 partitions parameters; run.json's zero_stage is the engine's, not the option."""
+    for name, shards in (("zero1", 1), ("zero2", 1), ("zero3", 4)):
+        assert resolve_strategy(name).parameter_shards(Machine("cpu", 4)) == shards
+
+    class Engine:
+        def zero_optimization_stage(self) -> int:
+            return 2
+
+    class Wrapped:
+        engine = Engine()
+
+    class Prepared:
+        deepspeed_engine_wrapped = Wrapped()
+
+    class Unprepared:
+        deepspeed_engine_wrapped = None
+
+    assert resolve_strategy("zero3").summary(Prepared()) == {"zero_stage": 2}
+    assert resolve_strategy("zero3").summary(Unprepared()) == {"zero_stage": None}

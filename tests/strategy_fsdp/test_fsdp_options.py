@@ -110,3 +110,28 @@ def test_options_that_would_do_nothing_or_crash_are_refused(options: dict, messa
 def test_accelerate_fsdp1_sharding_strategy_written_as_reshard_after_forward() -> None:
     section = strategy_from_accelerate_config({"fsdp_version": 1, "fsdp_reshard_after_forward": "HYBRID_SHARD"})
     assert section["sharding_strategy"] == "hybrid_shard"
+
+
+@pytest.mark.parametrize(
+    ("options", "machine", "shards"),
+    [
+        ({}, Machine("cpu", 4), 4),
+        ({"version": 2, "reshard_after_forward": False}, Machine("cpu", 4), 4),  # sharded at rest, gathered in between
+        ({"version": 1, "sharding_strategy": "no_shard"}, Machine("cpu", 4), 1),
+        ({"version": 1, "sharding_strategy": "hybrid_shard"}, Machine("cuda", 16, num_machines=2), 8),
+    ],
+)
+def test_parameter_shards_follow_the_sharding_strategy(options: dict, machine: Machine, shards: int) -> None:
+    assert resolve_strategy("fsdp", options).parameter_shards(machine) == shards
+
+
+def test_the_reported_version_is_the_wrapped_modules_not_the_option() -> None:
+    """run.json's fsdp_version comes from what prepare made of the model: a model nothing
+    wrapped reports None, whatever the options asked for."""
+    import torch
+
+    class Prepared:
+        _models = [torch.nn.Sequential(torch.nn.Linear(2, 2))]
+
+    assert resolve_strategy("fsdp", {"version": 2}).summary(Prepared()) == {"fsdp_version": None}
+    assert resolve_strategy("fsdp1").summary(Prepared()) == {"fsdp_version": None}

@@ -45,6 +45,7 @@ def fsdp1_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, ti
     out = tmp_path_factory.mktemp("fsdp1") / "run"
     proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--config", str(cfg)))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    (out.parent / "stderr.txt").write_text(proc.stderr)  # what the user saw, for the warning test
     return out
 
 
@@ -60,10 +61,23 @@ def test_real_fsdp_shards_parameters_across_two_cpu_ranks(which: str, request: p
         assert rank["param_elements"] == pytest.approx(total / 2, rel=0.1), rank
 
 
+def test_warnings_print_once_per_machine_not_once_per_rank(fsdp1_run: Path) -> None:
+    """The file asks for fsdp_sync_module_states, which FSDP1 cannot use on CPU: acc-train says
+    so once, not once per rank, and the libraries' warnings every rank repeats (Accelerate's
+    sharding_strategy deprecation, torch's FutureWarnings) print from one rank only."""
+    stderr = (fsdp1_run.parent / "stderr.txt").read_text()
+    ours = [line for line in stderr.splitlines() if line.startswith("warning: ")]
+    assert any("strategy.sync_module_states is not used on CPU" in line for line in ours), stderr[-3000:]
+    assert len(ours) == len(set(ours)), ours
+    for library in ("sharding_strategy is deprecated in favor of reshard_after_forward", "`torch.distributed.reduce_op` is deprecated"):
+        assert stderr.count(library) <= 1, (library, stderr[-3000:])
+
+
 @pytest.mark.parametrize("which", ["fsdp2_run", "fsdp1_run"])
 def test_losses_match_ddp_with_the_same_seed_and_data(which: str, request: pytest.FixtureRequest, ddp_run: Path) -> None:
     fsdp, ddp = read_metrics(request.getfixturevalue(which)), read_metrics(ddp_run)
-    for step in range(1, 11):
+    assert ddp[20]["epoch"] > ddp[10]["epoch"] >= 1, "the comparison must cross epoch boundaries"
+    for step in range(1, 21):
         assert fsdp[step]["loss"] == pytest.approx(ddp[step]["loss"], abs=1e-4), step
 
 
@@ -88,15 +102,24 @@ def test_fsdp1_full_state_checkpoint_resumes(fsdp1_run: Path, tmp_path: Path, ti
 
 
 @pytest.mark.parametrize("which", ["fsdp2_run", "fsdp1_run"])
-def test_final_model_is_consolidated_for_transformers(which: str, request: pytest.FixtureRequest) -> None:
+def test_final_model_is_consolidated_for_transformers(which: str, request: pytest.FixtureRequest, tiny_model_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
+
+    from acc_train.checkpoint_tools import read_full_state
 
     run = request.getfixturevalue(which)
     model = AutoModelForCausalLM.from_pretrained(run / "final")
     summary = json.loads((run / "run.json").read_text())
     assert sum(p.numel() for p in model.parameters()) == summary["model_parameters"]
     assert torch.isfinite(model(torch.tensor([[2, 3, 4, 5]])).logits).all()
+    # the exported weights are the trained ones: equal to the last checkpoint's (dcp or fsdp-full)
+    last = run / "checkpoints" / "step-000020"
+    ckpt = read_full_state(last, json.loads((last / "manifest.json").read_text()))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, ckpt[f"model.{name}"]), name
+    untrained = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert not torch.equal(untrained.model.embed_tokens.weight, model.model.embed_tokens.weight)
 
 
 @pytest.mark.gpu

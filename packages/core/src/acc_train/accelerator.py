@@ -17,7 +17,7 @@ import accelerate
 
 from acc_train.config.strategy import resolve_strategy
 from acc_train.errors import UserError
-from acc_train.machine import current_machine, resolve_mixed_precision
+from acc_train.machine import current_machine, is_local_main_process, resolve_mixed_precision
 from acc_train.strategy import DEFAULT_STRATEGY, Strategy
 
 __all__ = ["Accelerator", "strategy_from_env", "ENV_STRATEGY"]
@@ -39,7 +39,7 @@ def _merge_kwargs(base: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
         if key == "kwargs_handlers":
             user_types = {type(h) for h in value or []}
             for handler in out.get(key, []):
-                if type(handler) in user_types:
+                if type(handler) in user_types and is_local_main_process():  # once per machine
                     warnings.warn(
                         f"the script's own {type(handler).__name__} replaces the one the strategy built from its options",
                         stacklevel=3,

@@ -24,7 +24,7 @@ from acc_train.config.accelerate_file import check_accelerate_section
 from acc_train.config.strategy import resolve_strategy
 from acc_train.errors import PluginError, UserError, closest
 from acc_train.hookspecs import hookimpl
-from acc_train.machine import current_machine, resolve_mixed_precision
+from acc_train.machine import current_machine, resolve_mixed_precision, warn_once_per_machine
 from acc_train.memory_plan import MemoryPlan, PlanInput, replicated
 from acc_train.model_state import ModelStateMeter, TorchOptimizerMeter, local_nbytes
 from acc_train.plugins import checkpoint_formats, strategies, wrap_policies
@@ -48,6 +48,7 @@ __all__ = [
     "MemoryPlan", "ModelStateMeter", "PlanInput", "TorchOptimizerMeter", "local_nbytes", "replicated",
     # the machine, Accelerate and accelerate config files
     "Accelerator", "check_accelerate_section", "current_machine", "resolve_mixed_precision", "run_sharded_on_cpu",
+    "warn_once_per_machine",
 ]  # fmt: skip
 
 

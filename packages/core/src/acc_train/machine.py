@@ -1,14 +1,19 @@
 """What the worker runs on: the device type and world size a strategy checks itself against,
-and what ``mixed_precision: auto`` resolves to there. torch is imported only when asked."""
+what ``mixed_precision: auto`` resolves to there, and which process speaks for the machine
+(warnings once per machine, not once per rank). torch is imported only when asked."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 from acc_train.errors import UserError
 from acc_train.strategy import Machine
 
-__all__ = ["current_machine", "cpu_has_native_bf16", "resolve_mixed_precision"]
+__all__ = [
+    "current_machine", "cpu_has_native_bf16", "resolve_mixed_precision", "is_local_main_process", "warn_once_per_machine",
+    "quiet_other_local_ranks",
+]  # fmt: skip
 
 
 def current_machine() -> Machine:
@@ -44,3 +49,35 @@ def resolve_mixed_precision(requested: str, machine: Machine) -> str:
     if machine.device_type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return "bf16" if cpu_has_native_bf16() else "no"
+
+
+def is_local_main_process() -> bool:
+    """Whether this process speaks for its machine: local rank 0 under the launcher
+    (``LOCAL_RANK``), or a process that was not launched (the command itself)."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def warn_once_per_machine(message: str) -> None:
+    """``warning: MESSAGE`` on stderr from the local main process only: what every rank would
+    print is shown once per machine, not once per rank."""
+    if is_local_main_process():
+        sys.stderr.write(f"warning: {message}\n")
+
+
+#: loggers of the libraries a worker runs, whose warnings every rank repeats
+_LIBRARY_LOGGERS = ("accelerate", "datasets", "transformers", "torch")
+
+
+def quiet_other_local_ranks() -> None:
+    """On a worker that is not its machine's local main process, silence the warnings every rank
+    would repeat: Python warnings and the libraries' log records below ERROR. Errors and
+    tracebacks still print on every rank. Called first thing in a worker."""
+    if is_local_main_process():
+        return
+    import logging
+    import warnings
+
+    warnings.simplefilter("ignore")
+    os.environ["TRANSFORMERS_VERBOSITY"] = os.environ["DATASETS_VERBOSITY"] = "error"  # read when they set their levels
+    for name in _LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)

@@ -179,6 +179,14 @@ class Strategy(ABC, Generic[OptionsT]):
 
         return replicated(plan)
 
+    def parameter_shards(self, machine: Machine) -> int:
+        """Into how many parts this strategy, with these options, splits the model's parameters
+        across the ranks of ``machine``: 1 where every rank holds them whole (DDP, ZeRO-1/2),
+        ``machine.world_size`` where each holds about 1/N (FSDP, ZeRO-3), the processes per
+        machine under hybrid sharding. The conformance kit holds a run to it: each rank's
+        parameter elements (``parameter_elements``, in ``run.json``) must be about total/shards."""
+        return 1
+
     def checkpoint_format_name(self) -> str:
         """The registered checkpoint format to save with, given the options."""
         return self.checkpoint_format
@@ -192,7 +200,9 @@ class Strategy(ABC, Generic[OptionsT]):
     def expected_distributed_types(self, machine: Machine) -> set[str]:
         """Names of Accelerate ``DistributedType`` members this strategy accepts on ``machine``.
         If Accelerate picks another one, the run stops with an error instead of training
-        under a strategy the user did not ask for."""
+        under a strategy the user did not ask for. Where the strategy declares
+        ``accelerate_distributed_types``, the conformance kit also holds a run on several
+        processes to those: a strategy that is Accelerate's FSDP must run as FSDP."""
         multi = "MULTI_GPU" if machine.device_type == "cuda" else f"MULTI_{machine.device_type.upper()}"
         # one process: NO in-process, or a one-rank process group under the launcher
         return {"NO", multi} if machine.world_size == 1 else {multi}

@@ -16,6 +16,9 @@ from acc_train.errors import EXIT_USER_ERROR, UserError
 
 
 def main(argv: list[str] | None = None) -> None:
+    from acc_train.machine import quiet_other_local_ranks
+
+    quiet_other_local_ranks()  # before the libraries load: their warnings print once per machine
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from acc_train.config import load_resolved

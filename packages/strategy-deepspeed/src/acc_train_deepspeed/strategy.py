@@ -191,7 +191,26 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
         return ZeroMeter(model)
 
     def summary(self, accelerator: Any) -> dict[str, Any]:
-        return {"zero_stage": accelerator.state.deepspeed_plugin.zero_stage}
+        """``zero_stage`` as the DeepSpeed engine runs it (None where no engine was built)."""
+        wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
+        return {"zero_stage": wrapped.engine.zero_optimization_stage() if wrapped is not None else None}
+
+    def parameter_shards(self, machine: Machine) -> int:
+        """ZeRO-3 partitions parameters over every rank; stages 0-2 keep them whole."""
+        return machine.world_size if self._stage() == 3 else 1
+
+    def _stage(self) -> int:
+        """The ZeRO stage of these options, or of the ``config_file``'s ``zero_optimization``."""
+        options = self.options
+        if options.config_file is None:
+            return options.zero_stage
+        import json
+
+        try:
+            zero = json.loads(Path(options.config_file).read_text()).get("zero_optimization", {})
+        except (OSError, ValueError):
+            raise UserError(f"cannot read DeepSpeed config {options.config_file!r}", where="strategy.config_file") from None
+        return int(zero.get("stage", 0))
 
     def plan_memory(self, plan: PlanInput) -> MemoryPlan:
         """The ZeRO paper's accounting: parameters and gradients in the training precision
@@ -203,16 +222,9 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
         options = self.options
         psi, n = plan.parameters, plan.world_size
         p = g = 2 if plan.low_precision else 4
-        stage = options.zero_stage
+        stage = self._stage()  # a config_file's own checks run when the job starts
         notes: list[str] = []
-        if options.config_file is not None:  # its own checks run when the job starts
-            import json
-
-            try:
-                zero = json.loads(Path(options.config_file).read_text()).get("zero_optimization", {})
-            except (OSError, ValueError):
-                raise UserError(f"cannot read DeepSpeed config {options.config_file!r}", where="strategy.config_file") from None
-            stage = int(zero.get("stage", 0))
+        if options.config_file is not None:
             notes.append(f"stage {stage} from {options.config_file} (its offload settings are not shown)")
         if stage == 0:
             params, grads, optim = p * psi, g * psi, (16 - p - g) * psi

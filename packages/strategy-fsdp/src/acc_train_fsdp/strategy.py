@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from typing import TYPE_CHECKING, Any
 
-from acc_train.api import Machine, Strategy, UserError
+from acc_train.api import Machine, Strategy, UserError, warn_once_per_machine
 from acc_train_fsdp.options import FSDPOptions
 
 if TYPE_CHECKING:
@@ -74,11 +73,11 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         on_cpu = current_machine().device_type == "cpu"
         ram_efficient = options.cpu_ram_efficient_loading
         if ram_efficient and job is not None and job.config.model.name_or_path is None:
-            sys.stderr.write("warning: strategy.cpu_ram_efficient_loading has no effect on the demo model (nothing is loaded from disk)\n")
+            warn_once_per_machine("strategy.cpu_ram_efficient_loading has no effect on the demo model (nothing is loaded from disk)")
         if ram_efficient and on_cpu and options.version == 1:
-            sys.stderr.write(
-                "warning: strategy.cpu_ram_efficient_loading is not used under FSDP1 on CPU (it needs the rank-0 broadcast "
-                "FSDP1 cannot do there); every rank loads the weights itself\n"
+            warn_once_per_machine(
+                "strategy.cpu_ram_efficient_loading is not used under FSDP1 on CPU (it needs the rank-0 broadcast "
+                "FSDP1 cannot do there); every rank loads the weights itself"
             )
             ram_efficient = False
         if not on_cpu:
@@ -119,9 +118,9 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         if current_machine().device_type != "cpu":
             return True if options.sync_module_states is None else options.sync_module_states
         if options.sync_module_states:
-            sys.stderr.write(
-                "warning: strategy.sync_module_states is not used on CPU (FSDP1 cannot initialise parameters there); "
-                "every rank already starts from the same weights (same seed, or the same pretrained files)\n"
+            warn_once_per_machine(
+                "strategy.sync_module_states is not used on CPU (FSDP1 cannot initialise parameters there); "
+                "every rank already starts from the same weights (same seed, or the same pretrained files)"
             )
         return False
 
@@ -199,8 +198,29 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         return local, total
 
     def summary(self, accelerator: Any) -> dict[str, Any]:
+        """``fsdp_version`` as the prepared model shows it: 1 where it holds ``FullyShardedDataParallel``
+        units, 2 where ``fully_shard`` made its modules ``FSDPModule``s, None where neither."""
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        modules = [m for model in getattr(accelerator, "_models", []) for m in model.modules()]  # Accelerate keeps no public list
+        version = 1 if any(isinstance(m, FullyShardedDataParallel) for m in modules) else 2 if any(isinstance(m, FSDPModule) for m in modules) else None
+        return {"fsdp_version": version}
+
+    def parameter_shards(self, machine: Machine) -> int:
+        """The world size; the processes per machine under hybrid sharding; 1 under no_shard."""
+        how = self._sharding()
+        if how == "no_shard":
+            return 1
+        if how.startswith("hybrid_shard"):
+            return max(1, machine.world_size // max(1, machine.num_machines))
+        return machine.world_size
+
+    def _sharding(self) -> str:
+        """FSDP1's sharding strategy, or what FSDP2's ``reshard_after_forward`` amounts to."""
         options = self.options
-        return {"fsdp_version": options.version}
+        if options.version == 1:
+            return options.sharding_strategy or "full_shard"
+        return "full_shard" if options.reshard_after_forward in (None, True) else "shard_grad_op"
 
     def plan_variants(self) -> dict[str, dict[str, Any]]:
         """The presets, and FSDP1's shard_grad_op (ZeRO-2-like), which has no preset."""
@@ -214,10 +234,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
 
         options = self.options
         psi, n = plan.parameters, plan.world_size
-        if options.version == 1:
-            how = options.sharding_strategy or "full_shard"
-        else:
-            how = "full_shard" if options.reshard_after_forward in (None, True) else "shard_grad_op"
+        how = self._sharding()
         if how == "no_shard":
             return replicated(plan, note="no_shard: a replica on every rank, as DDP")
         if how.startswith("hybrid_shard"):  # sharded within a machine, replicated across machines

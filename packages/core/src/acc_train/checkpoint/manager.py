@@ -107,6 +107,13 @@ class CheckpointManager:
         self.on_commit = on_commit
         #: seconds the training loop was blocked by each save
         self.blocked_s: list[float] = []
+        #: per asynchronous save: seconds its writes ran on after the format handed control back
+        #: to the loop, until they were done or the loop waited for them (measured, not assumed)
+        self.overlap_s: list[float] = []
+        self._handed_back = 0.0
+        self._writes_done: list[float] = []  # when the pending asynchronous save's writes finished
+        #: how :meth:`load` restored: "native" (the format's own files) or "portable" (another format's portable state)
+        self.loaded_via: str | None = None
         self._pending: tuple[Any, TrainerState, Path] | None = None
         self._group: Any = None
         if accelerator.is_main_process and self.root.is_dir():
@@ -136,6 +143,9 @@ class CheckpointManager:
         future = None
         if self.async_save:
             future = self.fmt.save_async(acc, model, optimizer, staging, self._async_group())
+            self._handed_back, self._writes_done = time.perf_counter(), []
+            if hasattr(future, "add_done_callback"):
+                future.add_done_callback(lambda _f, done=self._writes_done: done.append(time.perf_counter()))
         else:
             self.fmt.save(acc, model, optimizer, staging)
             fault_point("save-state-written", state.step)
@@ -166,7 +176,13 @@ class CheckpointManager:
         future, state, staging = self._pending
         self._pending = None
         started = time.perf_counter()
+        still_writing = hasattr(future, "done") and not future.done()
         future.result()
+        if self._writes_done:  # when the writes ended, from the future's callback
+            ended = min(self._writes_done[0], started)
+        else:  # no callback (yet): they overlapped up to here, or, unknown, not at all
+            ended = started if still_writing else self._handed_back
+        self.overlap_s.append(max(0.0, ended - self._handed_back))
         waited = time.perf_counter() - started
         fault_point("save-state-written", state.step)
         self._commit(staging, state)
@@ -258,10 +274,13 @@ class CheckpointManager:
         acc = self.accelerator
         if manifest.get("format") == self.fmt.name and manifest.get("world_size") == acc.num_processes:
             self.fmt.load(acc, model, optimizer, path)
+            self.loaded_via = "native"
         elif manifest.get("portable"):  # another strategy or world size: through the portable state
             self.fmt.load_portable(acc, model, optimizer, path)
+            self.loaded_via = "portable"
         else:
             self.fmt.load(acc, model, optimizer, path)  # a format that reshards itself, or says why not
+            self.loaded_via = "native"
         raw = json.loads((path / "trainer_state.json").read_text())
         # the schedule's position comes from the checkpoint; its base rates and shape from this
         # run (another strategy may group the parameters differently, another max_steps

@@ -58,7 +58,7 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
     per_rank, model_elements = _per_rank(run)  # first: the peak memory of training, before anything else is loaded
     tokens_per_step = t_cfg.micro_batch_size * job.config.data.seq_len * t_cfg.gradient_accumulation_steps * accelerator.num_processes
     tokens_run = (state.step - result.start_step) * tokens_per_step
-    times, blocked = result.step_times, result.checkpoint_blocked_s
+    times, blocked, overlap = result.step_times, result.checkpoint_blocked_s, result.checkpoint_overlap_s
     return {
         "strategy": job.config.strategy["name"],
         "strategy_options": job.strategy.options.model_dump(mode="json"),
@@ -80,8 +80,10 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         "step_time_s": statistics.fmean(times) if times else None,
         "step_time_median_s": statistics.median(times) if times else None,
         "checkpoint_saves": {
-            "mode": "async" if job.config.checkpoint.async_save else "sync",
+            # measured: "async" when some save's writes went on while the loop did not wait for them
+            "mode": "async" if any(t > 0 for t in overlap) else "sync",
             "blocked_s": [round(t, 4) for t in blocked],
+            "overlap_s": [round(t, 4) for t in overlap],
             "mean_blocked_s": statistics.fmean(blocked) if blocked else None,
             # after the last step: waiting for the last asynchronous save's writes
             "final_wait_s": round(result.checkpoint_final_wait_s, 4),
@@ -90,6 +92,7 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         "per_rank": per_rank,
         "checkpoints": result.saved,
         "resumed_from": resumed_from,
+        "resumed_via": result.resumed_via,
     }
 
 

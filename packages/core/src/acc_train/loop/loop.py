@@ -64,6 +64,10 @@ class LoopResult:
     checkpoint_blocked_s: list[float] = field(default_factory=list)
     #: after the last step: waiting for the last asynchronous save's writes
     checkpoint_final_wait_s: float = 0.0
+    #: per asynchronous save: seconds its writes overlapped the loop
+    checkpoint_overlap_s: list[float] = field(default_factory=list)
+    #: how the resumed checkpoint was restored ("native" or "portable"; None without a resume)
+    resumed_via: str | None = None
 
 
 def evaluate(accelerator: Any, model: Any, eval_dl: Any) -> float:
@@ -168,5 +172,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     # an asynchronous last save is committed before the run is summed up
     result.checkpoint_final_wait_s = manager.finish()
     result.checkpoint_blocked_s = list(manager.blocked_s)
+    result.checkpoint_overlap_s = list(manager.overlap_s)
+    result.resumed_via = manager.loaded_via
     result.elapsed_s = time.perf_counter() - t_start
     return result

@@ -13,8 +13,11 @@ or by a marker in one of your own test modules::
 
 For each strategy it checks that the strategy registers and lists (without importing torch),
 that its options schema rejects unknown keys at every level, that it trains on 2 CPU processes on
-the tiniest model, that stopping and resuming reproduces the uninterrupted run, that every
-checkpoint carries a valid manifest and, where the strategy declares itself equivalent to DDP
+the tiniest model and exports the weights it trained, that it ran as the distributed type it
+claims (Accelerate's state during the run, never a silent fallback), that each rank held the
+share of the parameters it claims (:meth:`acc_train.Strategy.parameter_shards`), that stopping
+and resuming reproduces the uninterrupted run, that every checkpoint carries a valid manifest
+and, where the strategy declares itself equivalent to DDP
 (:meth:`acc_train.Strategy.equivalent_to_ddp`), that its losses match DDP's. One strategy's suite
 shares two launches (a run, and a copy of it resumed from the middle); tests that launch are
 marked ``launch`` and grouped with ``xdist_group`` so pytest-xdist keeps them on one worker.

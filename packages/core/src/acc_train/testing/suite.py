@@ -123,34 +123,101 @@ class TestStrategyConformance:
 
     @pytest.mark.launch
     def test_trains_on_two_cpu_processes(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
-        from acc_train import Machine
-
         name = acc_train_strategy_name
-        strategy = _strategy(name)
+        _strategy(name)  # an unknown name fails here, before a launch
         run = acc_train_kit.full(name)
         summary = json.loads((run / "run.json").read_text())
         assert summary["world_size"] == 2 and summary["steps"] == KIT_STEPS, summary
         assert summary["strategy"] == name
-        expected = strategy.expected_distributed_types(Machine("cpu", 2))
-        assert summary["distributed_type"].removeprefix("DistributedType.") in expected, (
-            f"ran as {summary['distributed_type']}, but the strategy expects {sorted(expected)}"
-        )
         metrics = _metrics(run)
         assert sorted(metrics) == list(range(1, KIT_STEPS + 1)), "metrics.jsonl must log every step"
         losses = [metrics[s]["loss"] for s in sorted(metrics)]
         assert all(math.isfinite(v) for v in losses), losses
         assert losses[-1] < losses[0], f"the loss did not fall in {KIT_STEPS} steps: {losses}"
-        self._final_model_loads(run / "final")
+        final = run / "final"
+        assert (final / "config.json").is_file(), "final/ holds no save_pretrained model"
+        self._final_model(run)
 
     @staticmethod
-    def _final_model_loads(final: Path) -> None:
+    def _final_model(run: Path) -> Any:
         import torch
         from transformers import AutoModelForCausalLM
 
-        assert (final / "config.json").is_file(), "final/ holds no save_pretrained model"
-        model = AutoModelForCausalLM.from_pretrained(final)
+        model = AutoModelForCausalLM.from_pretrained(run / "final")
         logits = model(torch.tensor([[2, 3, 4, 5]])).logits
         assert torch.isfinite(logits).all(), "the exported model gives non-finite logits"
+        return model
+
+    @pytest.mark.launch
+    def test_exported_model_holds_the_checkpointed_weights(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
+        """``final/`` holds the weights of the last checkpoint, where its format can give the whole
+        state (``CheckpointFormat.read_full_state``): the exported model is the trained one."""
+        import torch
+
+        from acc_train import UserError
+        from acc_train.checkpoint_tools import read_full_state
+
+        name = acc_train_strategy_name
+        _strategy(name)
+        run = acc_train_kit.full(name)
+        model = self._final_model(run)
+        last = run / "checkpoints" / f"step-{KIT_STEPS:06d}"
+        try:
+            saved = read_full_state(last, json.loads((last / "manifest.json").read_text()))
+        except UserError as exc:  # a format that keeps no whole state (per-rank replicas, say)
+            pytest.skip(f"the checkpoint format gives no whole state to compare with: {exc}")
+        for key, tensor in model.state_dict().items():
+            assert f"model.{key}" in saved, f"final/ has {key}, which the step-{KIT_STEPS} checkpoint lacks"
+            assert torch.allclose(tensor.float(), saved[f"model.{key}"].float(), rtol=0, atol=1e-6), (
+                f"final/'s {key} differs from the step-{KIT_STEPS} checkpoint's: the exported model is not the trained one "
+                "(full_state_dict must gather the trained weights, and where ranks hold different replicas the checkpoint must keep each)"
+            )
+
+    @pytest.mark.launch
+    def test_runs_as_the_distributed_type_it_claims(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
+        """run.json's ``distributed_type`` is Accelerate's state during the run; it must be one the
+        strategy accepts on 2 CPU processes and, where the strategy declares which Accelerate
+        types it is (``accelerate_distributed_types``), one of those: never a silent fallback."""
+        from acc_train import Machine
+
+        name = acc_train_strategy_name
+        strategy = _strategy(name)
+        ran = json.loads((acc_train_kit.full(name) / "run.json").read_text())["distributed_type"].removeprefix("DistributedType.")
+        expected = strategy.expected_distributed_types(Machine("cpu", 2))
+        assert ran in expected, f'"{name}" ran as {ran}, but the strategy expects {sorted(expected)} on 2 CPU processes'
+        declared = tuple(strategy.accelerate_distributed_types)
+        assert not declared or ran in declared, (
+            f'"{name}" declares itself Accelerate\'s {" / ".join(declared)} (accelerate_distributed_types), but its run on 2 CPU '
+            f"processes ran as {ran}: it silently fell back to another distributed type (on CPU, Accelerate runs sharded "
+            "strategies' requests as DDP unless the strategy switches its state: acc_train.api.run_sharded_on_cpu)"
+        )
+
+    @pytest.mark.launch
+    def test_each_rank_holds_the_parameter_share_it_claims(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
+        """run.json's per-rank parameter elements, counted on the prepared model, against
+        ``Strategy.parameter_shards``: a replica holds every element, a shard about total/shards."""
+        from acc_train import Machine
+
+        name = acc_train_strategy_name
+        shards = _strategy(name).parameter_shards(Machine("cpu", 2))
+        summary = json.loads((acc_train_kit.full(name) / "run.json").read_text())
+        total = summary["model_parameters"]
+        held = {r["rank"]: r["param_elements"] for r in summary["per_rank"]}
+        assert sorted(held) == [0, 1], f"run.json's per_rank lists ranks {sorted(held)}"
+        if shards == 1:
+            wrong = {rank: n for rank, n in held.items() if n != total}
+            assert not wrong, (
+                f'"{name}" claims every rank holds the whole model (Strategy.parameter_shards is 1), but of its '
+                f"{total} parameter elements, rank: elements held = {wrong}: it shards what it says it replicates"
+            )
+        else:
+            share = total / shards
+            wrong = {rank: n for rank, n in held.items() if abs(n - share) > 0.1 * share}
+            assert not wrong, (
+                f'"{name}" claims its parameters are split into {shards} shards (Strategy.parameter_shards), so each rank '
+                f"should hold about {share:.0f} of the {total} parameter elements, but rank: elements held = {wrong}"
+                + (": it replicates the model instead of sharding it" if all(n >= total for n in wrong.values()) else "")
+            )
 
     @pytest.mark.launch
     def test_stop_and_resume_reproduces_the_uninterrupted_run(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
