@@ -20,7 +20,7 @@ from acc_train.checkpoint import (
     unflatten_optimizer_state,
     write_portable_state,
 )
-from acc_train.config.accelerate_file import check_accelerate_section
+from acc_train.config.accelerate_file import check_accelerate_section, read_accelerate_section
 from acc_train.config.strategy import resolve_strategy
 from acc_train.errors import PluginError, UserError, closest
 from acc_train.hookspecs import hookimpl
@@ -47,7 +47,8 @@ __all__ = [
     # accounting for run.json and acc-train plan
     "MemoryPlan", "ModelStateMeter", "PlanInput", "TorchOptimizerMeter", "local_nbytes", "replicated",
     # the machine, Accelerate and accelerate config files
-    "Accelerator", "check_accelerate_section", "current_machine", "resolve_mixed_precision", "run_sharded_on_cpu",
+    "Accelerator", "check_accelerate_section", "current_machine", "read_accelerate_section", "resolve_mixed_precision",
+    "run_sharded_on_cpu",
 ]  # fmt: skip
 
 
