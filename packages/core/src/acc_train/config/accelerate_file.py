@@ -113,7 +113,16 @@ def from_accelerate_config(data: dict[str, Any], file: str, lines: dict[str, str
     strategy plugin that answers ``acc_train_accelerate_config`` maps its own section. Every
     problem names the file, the line (given ``lines``, dotted key -> file:line) and the key."""
     lines = lines or {}
+    try:
+        top = AccelerateTopLevel.model_validate(data)
+    except ValidationError as exc:
+        error = _section_error(exc, AccelerateTopLevel, "")
+        raise UserError(error.message, where=_at(lines, str(error.where), file), hint=error.hint) from None
     installed = [strategy for strategy, _owner in strategies().primary()]
+    kind = top.distributed_type
+    declared = [strategy for strategy in installed if kind in strategy.accelerate_distributed_types]
+    if not declared and kind.lower() in KNOWN_STRATEGY_PACKAGES:  # one of acc-train's own, not installed here
+        raise strategies().not_found(kind.lower())
     sections = {key for strategy in installed for key in strategy.accelerate_config_sections}
     known = ACCELERATE_PASSIVE_KEYS | ACCELERATE_MAPPED_KEYS | sections
     for key in data:
@@ -128,15 +137,6 @@ def from_accelerate_config(data: dict[str, Any], file: str, lines: dict[str, str
             )
         if key in sections and data[key] is not None and not isinstance(data[key], dict):
             raise UserError(f"must be a mapping of keys, not {type(data[key]).__name__} {short_repr(data[key])}", where=_at(lines, key, file))
-    try:
-        top = AccelerateTopLevel.model_validate(data)
-    except ValidationError as exc:
-        error = _section_error(exc, AccelerateTopLevel, "")
-        raise UserError(error.message, where=_at(lines, str(error.where), file), hint=error.hint) from None
-    kind = top.distributed_type
-    declared = [strategy for strategy in installed if kind in strategy.accelerate_distributed_types]
-    if not declared and kind.lower() in KNOWN_STRATEGY_PACKAGES:  # one of acc-train's own, not installed here
-        raise strategies().not_found(kind.lower())
     out: dict[str, Any] = {"launch": {}}
     machines = top.num_machines or 1
     if top.num_processes is not None:  # accelerate counts processes over all machines
