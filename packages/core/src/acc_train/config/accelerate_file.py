@@ -57,7 +57,7 @@ class AccelerateTopLevel(BaseModel):
 def _section_error(exc: ValidationError, model: type[BaseModel], name: str) -> UserError:
     """pydantic's first complaint about an accelerate config section, naming ``name.key``."""
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
+    loc = str(err["loc"][0]) if err["loc"] else ""  # the key; deeper parts name union members (`str`)
     where = f"{name}.{loc}" if name else loc
     if err["type"] == "extra_forbidden":
         known = list(model.model_fields)
