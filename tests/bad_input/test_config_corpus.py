@@ -167,9 +167,9 @@ VALUES = [
     Case("strategy-unknown", ["--strategy", "a b", PRINT], ["strategy.name", "a b"]),
     Case("report-to-empty", ["--report-to", "", PRINT], ["--report-to"]),
     Case("config-empty-string", ["--config", "", PRINT], ["--config", "directory"]),
-    Case("machine-rank-too-high", ["--machine-rank", "5", PRINT], ["launch.machine_rank"]),
+    Case("machine-rank-too-high", ["--machine-rank", "5", PRINT], ["launch.machine_rank", "--machine-rank"]),
     Case("max-restarts-huge", ["--max-restarts", "99999999999999999999", PRINT], ["--max-restarts"]),
-    Case("steps-and-epochs", ["--epochs", "2", "--max-steps", "3", PRINT], ["training.max_steps", "training.epochs"]),
+    Case("steps-and-epochs", ["--epochs", "2", "--max-steps", "3", PRINT], ["training.max_steps", "training.epochs", "--epochs", "--max-steps"]),
     Case("wizard-env-directory", ["config", "--yes"], [ENV, "confdir"], {"confdir/x.yaml": "training: {}\n"}, {ENV: "{ws}/confdir"}),
     # plan and launch: job options before and after the subcommand
     Case("plan-model-empty", ["plan", "--model", ""], ["--model"]),

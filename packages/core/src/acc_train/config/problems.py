@@ -3,6 +3,7 @@ and the closest valid key for a misspelt one."""
 
 from __future__ import annotations
 
+import re
 import reprlib
 from typing import Any
 
@@ -59,6 +60,10 @@ def problem_lines(exc: ValidationError, schema: type[BaseModel], sources: Source
             lines.append(f"{dotted}{at}: unknown key{suggestion} (valid keys here: {valid})")
         else:
             msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "value_error":  # a rule across keys: say where each key it names came from
+                named = (sources.origins.get(key) for key in re.findall(r"\b[a-z_]+(?:\.[a-z_]+)+\b", msg))
+                origins = [o for o in dict.fromkeys(named) if o and o != origin]
+                at += f" ({', '.join(origins)})" if origins else ""
             got = ""
             if err["type"] not in {"missing"} and "input" in err and not isinstance(err["input"], dict):
                 got = f" (got {short_repr(err['input'])})"
