@@ -30,6 +30,7 @@ from acc_train.model_state import ModelStateMeter, TorchOptimizerMeter, local_nb
 from acc_train.plugins import checkpoint_formats, strategies, wrap_policies
 from acc_train.questions import Question
 from acc_train.strategy import DEFAULT_STRATEGY, Machine, Strategy, StrategyOptions, WrapPolicy
+from acc_train.user_files import read_user_json
 
 if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
@@ -38,7 +39,7 @@ __all__ = [
     # the strategy contract
     "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
     # hooks, questions for the wizard, errors
-    "hookimpl", "Question", "PluginError", "UserError", "closest",
+    "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
     # registries
     "checkpoint_formats", "strategies", "wrap_policies",
     # checkpoint formats and the portable state

@@ -8,16 +8,14 @@ contradicts it is an error showing both.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from acc_train.api import UserError, read_accelerate_section
+from acc_train.api import UserError, read_accelerate_section, read_user_json
 
-__all__ = ["load_ds_config", "from_accelerate_section", "AccelerateDeepSpeedSection"]
+__all__ = ["load_ds_config", "read_ds_config", "ds_zero_stage", "from_accelerate_section", "AccelerateDeepSpeedSection"]
 
 AUTO = "auto"
 
@@ -34,15 +32,26 @@ def _check(config: dict[str, Any], key: str, job_value: Any, job_key: str, file:
         )
 
 
+def read_ds_config(path: str) -> dict[str, Any]:
+    """A DeepSpeed JSON as a mapping: a file that is missing, not UTF-8, not JSON or not an
+    object is a :class:`UserError` naming ``strategy.config_file`` and the file."""
+    return read_user_json(path, what="DeepSpeed config", where="strategy.config_file", kind=dict)
+
+
+def ds_zero_stage(config: dict[str, Any], path: str) -> int:
+    """The ZeRO stage a DeepSpeed JSON sets (0 when silent), checked."""
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if not (isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= 3):
+        shown = zero if not isinstance(zero, dict) else stage
+        raise UserError(f"zero_optimization.stage must be 0, 1, 2 or 3, not {shown!r:.80}", where=f"{path}: zero_optimization")
+    return stage
+
+
 def load_ds_config(path: str, micro_batch_size: int, accumulation: int, clipping: float, mixed_precision: str) -> dict[str, Any]:
     """Read a DeepSpeed JSON and fill or check what the job decides."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"DeepSpeed config {path!r} does not exist", where="strategy.config_file")
-    try:
-        config = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"not valid JSON: {exc.msg}", where=f"{path}:{exc.lineno}:{exc.colno}") from None
+    config = read_ds_config(path)
+    ds_zero_stage(config, path)
     for section in ("optimizer", "scheduler"):
         if section in config:
             raise UserError(
