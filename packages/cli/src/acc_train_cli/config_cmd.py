@@ -229,9 +229,9 @@ def config_group(ctx: click.Context, assume_yes: bool, config_file: str | None) 
 
 @user_errors
 def _wizard(assume_yes: bool, config_file: str | None) -> None:
-    from acc_train.config import default_config_file
+    from acc_train.config import default_config_file, existing_default_config_file
 
-    target = Path(config_file).expanduser() if config_file else default_config_file()
+    target = Path(config_file).expanduser() if config_file else existing_default_config_file() or default_config_file()
     try:
         config = run_wizard(assume_yes)
     except click.Abort:  # Ctrl-C or end of input: click's prompt raises Abort for both
@@ -257,14 +257,12 @@ def config_schema() -> None:
 @user_errors
 def config_validate(file: str | None) -> None:
     """Check FILE (default: the default config file) and list every problem; exit 2 if any."""
-    from acc_train.config import check_config_file, default_config_file
+    from acc_train.config import check_config_file, default_config_file, existing_default_config_file
     from acc_train.errors import UserError
 
-    path = Path(file) if file else default_config_file()
-    if file is None and not path.is_file():
-        raise UserError(f"no FILE given and no default config file at {path}", hint="run `acc-train config` to write one")
-    if not path.is_file():
-        raise UserError(f"config file {str(path)!r} " + ("is not a file" if path.exists() else "does not exist"))
+    path = Path(file) if file else existing_default_config_file()
+    if path is None:
+        raise UserError(f"no FILE given and no default config file at {default_config_file()}", hint="run `acc-train config` to write one")
     job, problems = check_config_file(path)
     if problems:
         count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")

@@ -20,7 +20,7 @@ from acc_train.checkpoint import (
     unflatten_optimizer_state,
     write_portable_state,
 )
-from acc_train.config.accelerate_file import check_accelerate_section
+from acc_train.config.accelerate_file import check_accelerate_section, read_accelerate_section
 from acc_train.config.strategy import resolve_strategy
 from acc_train.errors import PluginError, UserError, closest
 from acc_train.hookspecs import hookimpl
@@ -30,6 +30,7 @@ from acc_train.model_state import ModelStateMeter, TorchOptimizerMeter, local_nb
 from acc_train.plugins import checkpoint_formats, strategies, wrap_policies
 from acc_train.questions import Question
 from acc_train.strategy import DEFAULT_STRATEGY, Machine, Strategy, StrategyOptions, WrapPolicy
+from acc_train.user_files import read_user_json
 
 if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
@@ -38,7 +39,7 @@ __all__ = [
     # the strategy contract
     "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
     # hooks, questions for the wizard, errors
-    "hookimpl", "Question", "PluginError", "UserError", "closest",
+    "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
     # registries
     "checkpoint_formats", "strategies", "wrap_policies",
     # checkpoint formats and the portable state
@@ -47,8 +48,8 @@ __all__ = [
     # accounting for run.json and acc-train plan
     "MemoryPlan", "ModelStateMeter", "PlanInput", "TorchOptimizerMeter", "local_nbytes", "replicated",
     # the machine, Accelerate and accelerate config files
-    "Accelerator", "check_accelerate_section", "current_machine", "resolve_mixed_precision", "run_sharded_on_cpu",
-    "warn_once_per_machine",
+    "Accelerator", "check_accelerate_section", "current_machine", "read_accelerate_section", "resolve_mixed_precision",
+    "run_sharded_on_cpu", "warn_once_per_machine",
 ]  # fmt: skip
 
 

@@ -8,14 +8,14 @@ contradicts it is an error showing both.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from acc_train.api import UserError, check_accelerate_section
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-__all__ = ["load_ds_config", "from_accelerate_section"]
+from acc_train.api import UserError, read_accelerate_section, read_user_json
+
+__all__ = ["load_ds_config", "read_ds_config", "ds_zero_stage", "from_accelerate_section", "AccelerateDeepSpeedSection"]
 
 AUTO = "auto"
 
@@ -32,15 +32,26 @@ def _check(config: dict[str, Any], key: str, job_value: Any, job_key: str, file:
         )
 
 
+def read_ds_config(path: str) -> dict[str, Any]:
+    """A DeepSpeed JSON as a mapping: a file that is missing, not UTF-8, not JSON or not an
+    object is a :class:`UserError` naming ``strategy.config_file`` and the file."""
+    return read_user_json(path, what="DeepSpeed config", where="strategy.config_file", kind=dict)
+
+
+def ds_zero_stage(config: dict[str, Any], path: str) -> int:
+    """The ZeRO stage a DeepSpeed JSON sets (0 when silent), checked."""
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if not (isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= 3):
+        shown = zero if not isinstance(zero, dict) else stage
+        raise UserError(f"zero_optimization.stage must be 0, 1, 2 or 3, not {shown!r:.80}", where=f"{path}: zero_optimization")
+    return stage
+
+
 def load_ds_config(path: str, micro_batch_size: int, accumulation: int, clipping: float, mixed_precision: str) -> dict[str, Any]:
     """Read a DeepSpeed JSON and fill or check what the job decides."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"DeepSpeed config {path!r} does not exist", where="strategy.config_file")
-    try:
-        config = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"not valid JSON: {exc.msg}", where=f"{path}:{exc.lineno}:{exc.colno}") from None
+    config = read_ds_config(path)
+    ds_zero_stage(config, path)
     for section in ("optimizer", "scheduler"):
         if section in config:
             raise UserError(
@@ -72,16 +83,29 @@ def load_ds_config(path: str, micro_batch_size: int, accumulation: int, clipping
     return config
 
 
-ACCELERATE_KEYS = {
-    "zero_stage", "offload_optimizer_device", "offload_param_device", "offload_optimizer_nvme_path",
-    "offload_param_nvme_path", "zero3_init_flag", "zero3_save_16bit_model", "gradient_accumulation_steps",
-    "gradient_clipping", "deepspeed_multinode_launcher", "deepspeed_config_file", "deepspeed_hostfile",
-}  # fmt: skip
+class AccelerateDeepSpeedSection(BaseModel):
+    """The ``deepspeed_config`` keys acc-train maps, typed as ``accelerate config`` writes them."""
+
+    model_config = ConfigDict(extra="forbid")
+    zero_stage: Literal[0, 1, 2, 3] = 2  # accelerate's default when the file is silent
+    offload_optimizer_device: Literal["none", "cpu", "nvme"] | None = None
+    offload_param_device: Literal["none", "cpu", "nvme"] | None = None
+    offload_optimizer_nvme_path: str | None = None
+    offload_param_nvme_path: str | None = None
+    zero3_init_flag: bool | None = None
+    zero3_save_16bit_model: bool | None = None
+    gradient_accumulation_steps: StrictInt | None = Field(None, ge=1)
+    #: 0 or less turns clipping off
+    gradient_clipping: float | None = Field(None, allow_inf_nan=False)
+    deepspeed_multinode_launcher: str | None = None
+    deepspeed_config_file: str | None = None
+    deepspeed_hostfile: str | None = None
 
 
 def from_accelerate_section(section: dict[str, Any]) -> dict[str, Any]:
     """``deepspeed_config`` of an ``accelerate config`` YAML -> acc-train config sections."""
-    check_accelerate_section(section, ACCELERATE_KEYS, "deepspeed_config")
+    parsed = read_accelerate_section(section, AccelerateDeepSpeedSection, "deepspeed_config")
+    section = {key: getattr(parsed, key) for key in parsed.model_fields_set if getattr(parsed, key) is not None}
     launcher = section.get("deepspeed_multinode_launcher")
     if launcher not in (None, "standard") or section.get("deepspeed_hostfile") not in (None, "", "none"):
         sys.stderr.write(
@@ -93,7 +117,7 @@ def from_accelerate_section(section: dict[str, Any]) -> dict[str, Any]:
     if section.get("deepspeed_config_file"):  # the JSON decides ZeRO; accelerate ignores the rest too
         strategy["config_file"] = section["deepspeed_config_file"]
         return {"strategy": strategy}
-    strategy["stage"] = int(section.get("zero_stage", 2))  # accelerate's default when the file is silent
+    strategy["stage"] = parsed.zero_stage
     for src, dst in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_param")):
         if section.get(src) not in (None, "none"):
             strategy[dst] = str(section[src])
@@ -105,9 +129,9 @@ def from_accelerate_section(section: dict[str, Any]) -> dict[str, Any]:
             if key in section:
                 strategy[key] = bool(section[key])
     if "gradient_accumulation_steps" in section:
-        training["gradient_accumulation_steps"] = int(section["gradient_accumulation_steps"])
+        training["gradient_accumulation_steps"] = section["gradient_accumulation_steps"]
     if "gradient_clipping" in section:
-        clip = float(section["gradient_clipping"])
+        clip = section["gradient_clipping"]
         training["max_grad_norm"] = clip if clip > 0 else None
     out: dict[str, Any] = {"strategy": strategy}
     if training:

@@ -10,13 +10,12 @@ Batch size, gradient accumulation and clipping have one source of truth: the job
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from acc_train.api import Machine, ModelStateMeter, Strategy, StrategyOptions, UserError
-from acc_train_deepspeed.config import load_ds_config
+from acc_train_deepspeed.config import ds_zero_stage, load_ds_config, read_ds_config
 
 if TYPE_CHECKING:
     from acc_train.api import MemoryPlan, PlanInput
@@ -128,7 +127,7 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
             precision = resolve_mixed_precision(training.mixed_precision if training else "auto", current_machine())
             mbs = training.micro_batch_size if training else "auto"
             ds_config = load_ds_config(options.config_file, mbs, gas, clip, precision)
-            stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
+            stage = ds_zero_stage(ds_config, options.config_file)
             return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds_config, zero3_init_flag=stage == 3)}
         zero: dict[str, Any] = {"stage": options.zero_stage}
         for key in ("overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size"):
@@ -204,13 +203,7 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
         options = self.options
         if options.config_file is None:
             return options.zero_stage
-        import json
-
-        try:
-            zero = json.loads(Path(options.config_file).read_text()).get("zero_optimization", {})
-        except (OSError, ValueError):
-            raise UserError(f"cannot read DeepSpeed config {options.config_file!r}", where="strategy.config_file") from None
-        return int(zero.get("stage", 0))
+        return ds_zero_stage(read_ds_config(options.config_file), options.config_file)
 
     def plan_memory(self, plan: PlanInput) -> MemoryPlan:
         """The ZeRO paper's accounting: parameters and gradients in the training precision

@@ -7,9 +7,11 @@ means FSDP1, as it does for ``accelerate launch``.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Literal
 
-from acc_train.api import UserError, check_accelerate_section
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from acc_train.api import UserError, read_accelerate_section
 
 __all__ = ["strategy_from_accelerate_config"]
 
@@ -22,14 +24,33 @@ WRAP = {"TRANSFORMER_BASED_WRAP": "transformer", "SIZE_BASED_WRAP": "size", "NO_
 PREFETCH = {"BACKWARD_PRE": "backward_pre", "BACKWARD_POST": "backward_post", "NO_PREFETCH": "none"}
 STATE_DICT = {"SHARDED_STATE_DICT": "sharded", "FULL_STATE_DICT": "full"}
 
-KNOWN = (
-    "fsdp_version", "fsdp_sharding_strategy", "fsdp_reshard_after_forward", "fsdp_auto_wrap_policy",
-    "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params", "fsdp_backward_prefetch",
-    "fsdp_backward_prefetch_policy", "fsdp_forward_prefetch", "fsdp_offload_params",
-    "fsdp_activation_checkpointing", "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading",
-    "fsdp_sync_module_states", "fsdp_use_orig_params", "fsdp_activation_checkpointing_offload",
-    "fsdp_ignored_modules",
-)  # fmt: skip
+
+
+class FsdpSection(BaseModel):
+    """The ``fsdp_config`` keys acc-train maps, typed as ``accelerate config`` writes them
+    (booleans also as ``true``/``false`` text, as older accelerate versions wrote them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    fsdp_version: Literal[1, 2] = 1
+    fsdp_sharding_strategy: str | StrictInt | None = None
+    fsdp_reshard_after_forward: bool | str | None = None
+    fsdp_auto_wrap_policy: str | None = None
+    fsdp_transformer_layer_cls_to_wrap: str | list[str] | None = None
+    fsdp_min_num_params: StrictInt | None = Field(None, ge=0)
+    fsdp_backward_prefetch: str | None = None
+    fsdp_backward_prefetch_policy: str | None = None
+    fsdp_forward_prefetch: bool | None = None
+    fsdp_offload_params: bool | None = None
+    fsdp_activation_checkpointing: bool | None = None
+    fsdp_state_dict_type: str | None = None
+    fsdp_cpu_ram_efficient_loading: bool | None = None
+    fsdp_sync_module_states: bool | None = None
+    fsdp_use_orig_params: bool | None = None
+    fsdp_activation_checkpointing_offload: bool | None = None
+    fsdp_ignored_modules: Any = None
+
+
+KNOWN = tuple(FsdpSection.model_fields)
 
 
 def _pick(table: dict[Any, str], value: Any, key: str) -> str:
@@ -46,8 +67,9 @@ def _no_effect(key: str) -> None:
 
 def strategy_from_accelerate_config(section: dict[str, Any]) -> dict[str, Any]:
     """``fsdp_config`` -> the ``strategy:`` section (``name: fsdp`` plus options)."""
-    check_accelerate_section(section, KNOWN, "fsdp_config")
-    version = int(section.get("fsdp_version", 1))
+    parsed = read_accelerate_section(section, FsdpSection, "fsdp_config")
+    section = {key: getattr(parsed, key) for key in parsed.model_fields_set if getattr(parsed, key) is not None}
+    version = parsed.fsdp_version
     out: dict[str, Any] = {"name": "fsdp", "version": version}
     if "fsdp_sharding_strategy" in section:
         strategy = _pick(SHARDING, section["fsdp_sharding_strategy"], "fsdp_sharding_strategy")
@@ -71,9 +93,10 @@ def strategy_from_accelerate_config(section: dict[str, Any]) -> dict[str, Any]:
         out["auto_wrap_policy"] = _pick(WRAP, section["fsdp_auto_wrap_policy"], "fsdp_auto_wrap_policy")
     layers = section.get("fsdp_transformer_layer_cls_to_wrap")
     if layers:
-        out["transformer_layer_cls_to_wrap"] = [s.strip() for s in str(layers).split(",") if s.strip()]
+        names = layers.split(",") if isinstance(layers, str) else layers
+        out["transformer_layer_cls_to_wrap"] = [s.strip() for s in names if s.strip()]
     if "fsdp_min_num_params" in section:
-        out["min_num_params"] = int(section["fsdp_min_num_params"])
+        out["min_num_params"] = section["fsdp_min_num_params"]
     prefetch = section.get("fsdp_backward_prefetch", section.get("fsdp_backward_prefetch_policy"))
     if prefetch is not None:
         if version == 1:

@@ -23,6 +23,7 @@ from acc_train.config.resolve import (
     check_config_file,
     config_problems,
     default_config_file,
+    existing_default_config_file,
     load_job,
     load_resolved,
     read_config_file,
@@ -44,7 +45,7 @@ from acc_train.config.strategy import resolve_strategy, strategy_problems
 __all__ = [
     "DEFAULT_MAX_STEPS", "ENV_CONFIG_FILE", "CheckpointConfig", "DataConfig", "JobConfig", "LaunchConfig", "Loader",
     "ModelConfig", "OptimizerConfig", "ResolvedJob", "SchedulerConfig", "Sources", "TrainingConfig",
-    "check_accelerate_section", "check_config_file", "config_problems", "deep_merge", "default_config_file",
+    "check_accelerate_section", "check_config_file", "config_problems", "deep_merge", "default_config_file", "existing_default_config_file",
     "format_validation_error", "from_accelerate_config", "is_accelerate_config", "load_job", "load_resolved",
     "parse_set", "problem_lines", "read_config_file", "read_yaml_file", "resolve_strategy", "set_dotted",
     "strategy_problems",

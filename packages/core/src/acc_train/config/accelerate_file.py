@@ -8,13 +8,18 @@ Core maps the top level (processes, machines, precision). Which strategy a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+
+from acc_train.config.problems import short_repr
 from acc_train.config.sources import deep_merge
-from acc_train.errors import UserError, closest
+from acc_train.errors import PluginError, UserError, closest
 from acc_train.plugins import KNOWN_STRATEGY_PACKAGES, accelerate_config_section, strategies
 
-__all__ = ["is_accelerate_config", "from_accelerate_config", "check_accelerate_section"]
+__all__ = ["is_accelerate_config", "from_accelerate_config", "check_accelerate_section", "read_accelerate_section"]
+
+SectionModel = TypeVar("SectionModel", bound=BaseModel)
 
 #: top-level keys of an accelerate config file that carry nothing acc-train needs to act on
 ACCELERATE_PASSIVE_KEYS = {
@@ -28,12 +33,65 @@ ACCELERATE_MAPPED_KEYS = {
 }  # fmt: skip
 
 
+class AccelerateTopLevel(BaseModel):
+    """The top-level keys acc-train maps, as ``accelerate config`` writes them (null: not set)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)  # unknown keys are refused by name before
+    distributed_type: str = "NO"
+    compute_environment: Literal["LOCAL_MACHINE"] = "LOCAL_MACHINE"
+    #: over all machines, as accelerate counts them
+    num_processes: Annotated[StrictInt, Field(ge=1)] | None = None
+    num_machines: Annotated[StrictInt, Field(ge=1)] | None = None
+    machine_rank: Annotated[StrictInt, Field(ge=0)] | None = None
+    main_process_ip: str | None = None
+    main_process_port: Annotated[StrictInt, Field(ge=1, le=65535)] | None = None
+    rdzv_backend: Literal["static", "c10d"] | None = None
+    mixed_precision: Literal["no", "fp16", "bf16"] | None = None
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        return "no" if value is False else value  # YAML 1.1 reads a bare `no` as false
+
+
+def _section_error(exc: ValidationError, model: type[BaseModel], name: str) -> UserError:
+    """pydantic's first complaint about an accelerate config section, naming ``name.key``."""
+    err = exc.errors()[0]
+    loc = str(err["loc"][0]) if err["loc"] else ""  # the key; deeper parts name union members (`str`)
+    where = f"{name}.{loc}" if name else loc
+    if err["type"] == "extra_forbidden":
+        known = list(model.model_fields)
+        near = closest(str(err["loc"][-1]), known)
+        return UserError(
+            f"unknown or unsupported key {err['loc'][-1]!r}" + (f'; did you mean "{near}"?' if near else ""),
+            where=where,
+            hint=f"acc-train maps these {name or 'top-level'} keys: " + ", ".join(sorted(known)),
+        )
+    return UserError(f"{err['msg']} (got {short_repr(err.get('input'))})", where=where)
+
+
+def read_accelerate_section(section: Any, model: type[SectionModel], name: str) -> SectionModel:
+    """An ``accelerate config`` section (``fsdp_config``...) validated by a plugin's pydantic
+    ``model`` (``extra="forbid"`` refuses keys it does not map): a value of the wrong type, out
+    of range or unknown is a :class:`UserError` naming ``name.key``."""
+    if section is None:
+        section = {}
+    if not isinstance(section, dict):
+        raise UserError(f"must be a mapping of keys, not {type(section).__name__} {short_repr(section)}", where=name)
+    try:
+        return model.model_validate(section)
+    except ValidationError as exc:
+        raise _section_error(exc, model, name) from None
+
+
 def check_accelerate_section(section: dict[str, Any], known: Any, name: str) -> None:
     """Refuse keys of an ``accelerate config`` section (``fsdp_config``...) that a plugin does
-    not map, suggesting the closest one it does."""
+    not map, suggesting the closest one it does (:func:`read_accelerate_section` checks values too)."""
+    if not isinstance(section, dict):
+        raise UserError(f"must be a mapping of keys, not {type(section).__name__} {short_repr(section)}", where=name)
     for key in section:
         if key not in known:
-            near = closest(key, known)
+            near = closest(str(key), known)
             raise UserError(
                 f"unknown or unsupported key {key!r}" + (f'; did you mean "{near}"?' if near else ""),
                 where=f"{name}.{key}",
@@ -45,52 +103,65 @@ def is_accelerate_config(data: dict[str, Any]) -> bool:
     return "distributed_type" in data or "compute_environment" in data
 
 
-def from_accelerate_config(data: dict[str, Any], file: str) -> dict[str, Any]:
+def _at(lines: dict[str, str], key: str, file: str) -> str:
+    """``file:line: key`` for an error about ``key`` of the file."""
+    return f"{lines.get(key, file)}: {key}"
+
+
+def from_accelerate_config(data: dict[str, Any], file: str, lines: dict[str, str] | None = None) -> dict[str, Any]:
     """An ``accelerate config`` YAML as an acc-train config. Core maps the top level; the
-    strategy plugin that answers ``acc_train_accelerate_config`` maps its own section."""
+    strategy plugin that answers ``acc_train_accelerate_config`` maps its own section. Every
+    problem names the file, the line (given ``lines``, dotted key -> file:line) and the key."""
+    lines = lines or {}
+    try:
+        top = AccelerateTopLevel.model_validate(data)
+    except ValidationError as exc:
+        error = _section_error(exc, AccelerateTopLevel, "")
+        raise UserError(error.message, where=_at(lines, str(error.where), file), hint=error.hint) from None
     installed = [strategy for strategy, _owner in strategies().primary()]
-    kind = str(data.get("distributed_type", "NO"))
+    kind = top.distributed_type
     declared = [strategy for strategy in installed if kind in strategy.accelerate_distributed_types]
     if not declared and kind.lower() in KNOWN_STRATEGY_PACKAGES:  # one of acc-train's own, not installed here
         raise strategies().not_found(kind.lower())
     sections = {key for strategy in installed for key in strategy.accelerate_config_sections}
     known = ACCELERATE_PASSIVE_KEYS | ACCELERATE_MAPPED_KEYS | sections
     for key in data:
-        if key.endswith("_config") and key not in known and not data[key]:
+        if str(key).endswith("_config") and key not in known and not data[key]:
             continue  # an empty section of a strategy that is not installed
         if key not in known:
-            near = closest(key, known)
+            near = closest(str(key), known)
             raise UserError(
                 f"unknown accelerate config key {key!r}" + (f'; did you mean "{near}"?' if near else ""),
-                where=file,
+                where=_at(lines, str(key), file),
                 hint="this file was read as an `accelerate config` file because it has distributed_type",
             )
-    if str(data.get("compute_environment", "LOCAL_MACHINE")) != "LOCAL_MACHINE":
-        raise UserError(f"compute_environment {data['compute_environment']!r} is not supported", where=file, hint="use LOCAL_MACHINE")
+        if key in sections and data[key] is not None and not isinstance(data[key], dict):
+            raise UserError(f"must be a mapping of keys, not {type(data[key]).__name__} {short_repr(data[key])}", where=_at(lines, key, file))
     out: dict[str, Any] = {"launch": {}}
-    machines = int(data.get("num_machines", 1))
-    if "num_processes" in data:  # accelerate counts processes over all machines
-        total = int(data["num_processes"])
-        if total % machines:
-            raise UserError(f"num_processes {total} does not divide over num_machines {machines}", where=file)
-        out["launch"]["num_processes"] = total // machines
+    machines = top.num_machines or 1
+    if top.num_processes is not None:  # accelerate counts processes over all machines
+        if top.num_processes % machines:
+            raise UserError(f"{top.num_processes} processes do not divide over num_machines {machines}", where=_at(lines, "num_processes", file))
+        out["launch"]["num_processes"] = top.num_processes // machines
     out["launch"]["num_machines"] = machines
     for key in ("machine_rank", "main_process_ip", "main_process_port", "rdzv_backend"):
-        if data.get(key) not in (None, ""):
-            out["launch"][key] = data[key]
-    if "mixed_precision" in data:
-        mp = data["mixed_precision"]
-        out["training"] = {"mixed_precision": "no" if mp in (False, None) else str(mp)}
-    if out["launch"].get("rdzv_backend") not in (None, "static", "c10d"):
-        raise UserError(f"rdzv_backend {out['launch']['rdzv_backend']!r} is not supported", where=file, hint="use static or c10d")
-    section = accelerate_config_section(kind, data)
+        if getattr(top, key) not in (None, ""):
+            out["launch"][key] = getattr(top, key)
+    if top.mixed_precision is not None or "mixed_precision" in data:
+        out["training"] = {"mixed_precision": top.mixed_precision or "no"}
+    try:
+        section = accelerate_config_section(kind, data)
+    except PluginError:
+        raise
+    except UserError as exc:  # a plugin's mapper names the key within its section: add the file and line
+        raise UserError(exc.message, where=_at(lines, str(exc.where), file) if exc.where else file, hint=exc.hint) from None
     if section is not None:
         return deep_merge(out, section)
     if not declared:
         answers = sorted({t for strategy in installed for t in strategy.accelerate_distributed_types})
         raise UserError(
             f"distributed_type {kind} is not supported by the installed strategies",
-            where=file,
+            where=_at(lines, "distributed_type", file),
             hint="they answer to: " + (", ".join(answers) or "none"),
         )
     out["strategy"] = {"name": declared[0].name}

@@ -3,6 +3,8 @@ and the closest valid key for a misspelt one."""
 
 from __future__ import annotations
 
+import re
+import reprlib
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -10,7 +12,16 @@ from pydantic import BaseModel, ValidationError
 from acc_train.config.sources import Sources
 from acc_train.errors import UserError, closest
 
-__all__ = ["format_validation_error", "problem_lines"]
+__all__ = ["format_validation_error", "problem_lines", "short_repr"]
+
+_REPR = reprlib.Repr()  # keyword arguments need Python 3.12
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 6, 6, 60, 60, 40
+
+
+def short_repr(value: Any, limit: int = 120) -> str:
+    """A value as a message shows it: never longer than ``limit`` however big the value is."""
+    text = _REPR.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _model_fields_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
@@ -49,8 +60,12 @@ def problem_lines(exc: ValidationError, schema: type[BaseModel], sources: Source
             lines.append(f"{dotted}{at}: unknown key{suggestion} (valid keys here: {valid})")
         else:
             msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "value_error":  # a rule across keys: say where each key it names came from
+                named = (sources.origins.get(key) for key in re.findall(r"\b[a-z_]+(?:\.[a-z_]+)+\b", msg))
+                origins = [o for o in dict.fromkeys(named) if o and o != origin]
+                at += f" ({', '.join(origins)})" if origins else ""
             got = ""
             if err["type"] not in {"missing"} and "input" in err and not isinstance(err["input"], dict):
-                got = f" (got {err['input']!r})"
+                got = f" (got {short_repr(err['input'])})"
             lines.append(f"{dotted}{at}: {msg}{got}")
     return lines

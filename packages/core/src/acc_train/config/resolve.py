@@ -22,7 +22,7 @@ from acc_train.strategy import DEFAULT_STRATEGY, Strategy
 
 __all__ = [
     "ENV_CONFIG_FILE", "ResolvedJob", "load_job", "load_resolved", "config_problems", "check_config_file",
-    "default_config_file", "read_config_file",
+    "default_config_file", "existing_default_config_file", "read_config_file",
 ]  # fmt: skip
 
 #: Where ``acc-train config`` saves, and ``acc-train`` reads when no ``--config`` is given.
@@ -64,12 +64,34 @@ def default_config_file() -> Path:
     return base / "acc-train" / "default_config.yaml"
 
 
-def read_config_file(config_file: str | Path, sources: Sources) -> dict[str, Any]:
+def existing_default_config_file() -> Path | None:
+    """The default config file when there is one; something else in its place (a directory) is
+    refused, where it used to be skipped without a word."""
+    path = default_config_file()
+    if path.is_file() or not path.exists():
+        return path if path.is_file() else None
+    named = f"${ENV_CONFIG_FILE}" if os.environ.get(ENV_CONFIG_FILE, "").strip() else "the default config file"
+    kind = "a directory" if path.is_dir() else "not a regular file"
+    raise UserError(
+        f"{named} names {str(path)!r}, which is {kind}",
+        where=ENV_CONFIG_FILE if named.startswith("$") else str(path),
+        hint=f"point {ENV_CONFIG_FILE} at a YAML file (it need not exist yet), or remove what is at that path",
+    )
+
+
+def _file_where(config_file: str | Path) -> str:
+    """The flag or variable that named ``config_file``, for its errors."""
+    return ENV_CONFIG_FILE if os.environ.get(ENV_CONFIG_FILE, "").strip() and Path(config_file) == default_config_file() else "--config"
+
+
+def read_config_file(config_file: str | Path, sources: Sources, where: str | None = None) -> dict[str, Any]:
     """A config file (acc-train's own, or one written by ``accelerate config``) as raw sections,
-    recording where each key came from."""
-    data, lines = read_yaml_file(config_file)
+    recording where each key came from; ``where`` names the flag that gave it (default
+    ``--config``, or ``$ACC_TRAIN_CONFIG_FILE`` for the default file)."""
+    data, lines = read_yaml_file(config_file, where=where or _file_where(config_file))
     if is_accelerate_config(data):
-        data = from_accelerate_config(data, str(config_file))
+        data = from_accelerate_config(data, str(config_file), lines)
+        lines = {**{section: f"{config_file}, accelerate config" for section in data}, **lines}
     sources.origins.update(lines)
     _normalise_strategy(data)
     return data
@@ -98,8 +120,8 @@ def load_job(
     sources = Sources()
     raw: dict[str, Any] = copy.deepcopy(base or {})
     default_file = None
-    if config_file is None and use_default_file and default_config_file().is_file():
-        config_file = default_file = default_config_file()
+    if config_file is None and use_default_file:
+        config_file = default_file = existing_default_config_file()
     if config_file is not None:
         raw = deep_merge(raw, read_config_file(config_file, sources))
     for dotted, (value, flag) in (flags or {}).items():
@@ -135,11 +157,11 @@ def config_problems(data: dict[str, Any], sources: Sources | None = None) -> lis
     return problems
 
 
-def check_config_file(path: str | Path) -> tuple[ResolvedJob | None, list[str]]:
+def check_config_file(path: str | Path, where: str | None = None) -> tuple[ResolvedJob | None, list[str]]:
     """A config file checked on its own (defaults < file): the resolved job, or every problem."""
     sources = Sources()
     try:
-        data = read_config_file(path, sources)
+        data = read_config_file(path, sources, where or str(path))
     except UserError as exc:
         return None, [str(exc)]
     problems = config_problems(data, sources)

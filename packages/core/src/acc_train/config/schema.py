@@ -6,7 +6,7 @@ own schema validates them when the job is resolved (:mod:`acc_train.config.resol
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -14,10 +14,30 @@ from acc_train.strategy import DEFAULT_STRATEGY
 
 __all__ = [
     "JobConfig", "ModelConfig", "DataConfig", "OptimizerConfig", "SchedulerConfig", "TrainingConfig",
-    "CheckpointConfig", "LaunchConfig", "DEFAULT_MAX_STEPS", "TRACKER_MODULES", "SCHEDULERS",
+    "CheckpointConfig", "LaunchConfig", "DEFAULT_MAX_STEPS", "TRACKER_MODULES", "SCHEDULERS", "MAX_INT64",
+    "MAX_SEED", "MAX_PROCESSES_PER_MACHINE", "MAX_SEQ_LEN",
 ]  # fmt: skip
 
 DEFAULT_MAX_STEPS = 300
+
+# Constrained types: every number a job holds is finite and in a range that means something, so a
+# bad value is refused here, naming its key and origin, never inside the workers.
+#: the largest count torch and numpy hold (a C int64); beyond it they overflow, not this check
+MAX_INT64 = 2**63 - 1
+#: seeds go to numpy's ``np.random.seed``, which takes 0 <= seed < 2**32
+MAX_SEED = 2**32 - 1
+#: processes per machine: 4x the largest machines made (256 cores, 8-16 accelerators). Each process
+#: is a Python interpreter holding a model; thousands would exhaust the machine, not train
+MAX_PROCESSES_PER_MACHINE = 1024
+#: tokens per sequence: beyond any model's context; a larger value is a typo that would only
+#: fail inside the workers, when the first batch is allocated
+MAX_SEQ_LEN = 2**24
+Count = Annotated[int, Field(ge=1, le=MAX_INT64)]
+NonNegativeCount = Annotated[int, Field(ge=0, le=MAX_INT64)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Beta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
 
 #: Accelerate trackers and the modules that must import for each.
 TRACKER_MODULES: dict[str, tuple[str, ...]] = {
@@ -49,9 +69,9 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     #: A local directory or hub id for ``from_pretrained``; None trains the built-in demo model.
-    name_or_path: str | None = None
+    name_or_path: NonEmptyStr | None = None
     #: Tokenizer path or id; defaults to ``name_or_path``. The demo job is byte-level.
-    tokenizer: str | None = None
+    tokenizer: NonEmptyStr | None = None
     #: Overrides for the demo model's ``LlamaConfig`` (ignored when ``name_or_path`` is set).
     config: dict[str, Any] = Field(default_factory=dict)
     trust_remote_code: bool = False
@@ -65,48 +85,49 @@ class ModelConfig(Section):
 
 class DataConfig(Section):
     #: Data files for ``datasets`` (json, jsonl, text, parquet); empty trains on the demo text.
-    train_files: list[str] = Field(default_factory=list)
-    eval_files: list[str] = Field(default_factory=list)
+    train_files: list[NonEmptyStr] = Field(default_factory=list)
+    eval_files: list[NonEmptyStr] = Field(default_factory=list)
     format: Literal["auto", "json", "jsonl", "text", "parquet"] = "auto"
-    text_field: str = "text"
-    seq_len: int = Field(128, ge=2)
+    text_field: NonEmptyStr = "text"
+    seq_len: int = Field(128, ge=2, le=MAX_SEQ_LEN)
     #: Share of the training blocks held out for eval when no ``eval_files`` are given.
-    eval_fraction: float = Field(0.02, ge=0.0, lt=1.0)
+    eval_fraction: float = Field(0.02, ge=0.0, lt=1.0, allow_inf_nan=False)
     #: How much of the standard library's source the demo job reads.
-    demo_max_bytes: int = Field(1_500_000, ge=1024)
+    demo_max_bytes: int = Field(1_500_000, ge=1024, le=MAX_INT64)
     shuffle: bool = True
 
 
 class OptimizerConfig(Section):
     name: Literal["adamw"] = "adamw"
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
-    betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], min_length=2, max_length=2)
-    eps: float = Field(1e-8, gt=0)
+    lr: PositiveFloat = 1e-3
+    weight_decay: NonNegativeFloat = 0.01
+    #: AdamW's (beta1, beta2), each in [0, 1)
+    betas: list[Beta] = Field(default_factory=lambda: [0.9, 0.95], min_length=2, max_length=2)
+    eps: PositiveFloat = 1e-8
 
 
 class SchedulerConfig(Section):
     #: A transformers scheduler name (``get_scheduler``).
     name: Literal[SCHEDULERS] = "cosine"  # type: ignore[valid-type]
-    warmup_steps: int | None = Field(None, ge=0)
+    warmup_steps: NonNegativeCount | None = None
     #: Used when ``warmup_steps`` is not set.
-    warmup_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_ratio: float = Field(0.1, ge=0, le=1, allow_inf_nan=False)
 
 
 class TrainingConfig(Section):
     #: Optimizer steps. Default 300 when neither this nor ``epochs`` is set.
-    max_steps: int | None = Field(None, ge=1)
-    epochs: int | None = Field(None, ge=1)
-    micro_batch_size: int = Field(8, ge=1)
-    gradient_accumulation_steps: int = Field(1, ge=1)
+    max_steps: Count | None = None
+    epochs: Count | None = None
+    micro_batch_size: Count = 8
+    gradient_accumulation_steps: Count = 1
     #: Clip the global gradient norm to this; null turns clipping off.
-    max_grad_norm: float | None = Field(1.0, gt=0)
+    max_grad_norm: PositiveFloat | None = 1.0
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    seed: int = 42
-    log_every: int = Field(1, ge=1)
+    seed: int = Field(42, ge=0, le=MAX_SEED)
+    log_every: Count = 1
     #: Evaluate every N steps (and after the last); 0 evaluates only after the last step.
-    eval_every: int = Field(0, ge=0)
-    eval_batches: int = Field(8, ge=1)
+    eval_every: NonNegativeCount = 0
+    eval_batches: Count = 8
     #: Accelerate trackers: tensorboard, wandb, ... (``all`` for every installed one).
     report_to: list[str] = Field(default_factory=list)
     progress_bar: bool = True
@@ -138,9 +159,9 @@ class TrainingConfig(Section):
 
 class CheckpointConfig(Section):
     #: Save every N steps (and after the last); 0 saves only after the last step.
-    every: int = Field(100, ge=0)
+    every: NonNegativeCount = 100
     #: Keep the N most recent complete checkpoints; null keeps all.
-    keep_last: int | None = Field(2, ge=1)
+    keep_last: Count | None = 2
     #: Write the state in a background thread (torch.distributed.checkpoint's async_save): the
     #: loop blocks only while it is copied aside. The checkpoint is committed (manifest,
     #: ``latest``) once written, at the next save or the end of training. ``dcp`` format only.
@@ -149,15 +170,15 @@ class CheckpointConfig(Section):
 
 class LaunchConfig(Section):
     #: Processes per machine. Null: one per GPU, or 1 on a machine without GPUs.
-    num_processes: int | None = Field(None, ge=1)
-    num_machines: int = Field(1, ge=1)
-    machine_rank: int = Field(0, ge=0)
+    num_processes: int | None = Field(None, ge=1, le=MAX_PROCESSES_PER_MACHINE)
+    num_machines: Count = 1
+    machine_rank: NonNegativeCount = 0
     #: Address of machine 0; required with several machines.
-    main_process_ip: str | None = None
+    main_process_ip: NonEmptyStr | None = None
     main_process_port: int = Field(29500, ge=1, le=65535)
     #: ``static`` (fixed machine ranks) or ``c10d`` (elastic rendezvous).
     rdzv_backend: Literal["static", "c10d"] = "static"
-    max_restarts: int = Field(0, ge=0)
+    max_restarts: NonNegativeCount = 0
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> LaunchConfig:

@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 
 from acc_train.errors import UserError
-from acc_train.yaml_loader import Loader
+from acc_train.user_files import read_user_text
+from acc_train.yaml_loader import Loader, YamlRefused, load_yaml
 
 __all__ = ["Loader", "Sources", "read_yaml_file", "parse_set", "set_dotted", "deep_merge"]
 
@@ -31,19 +32,16 @@ class Sources:
         return None
 
 
-def _yaml_lines(text: str, file: str) -> dict[str, str]:
-    """dotted key -> "file:line" for every mapping key in a YAML document."""
+def _yaml_lines(node: yaml.Node | None, file: str) -> dict[str, str]:
+    """dotted key -> "file:line" for every mapping key in a composed YAML document (the loader
+    has bounded its aliases, so this walk is bounded too)."""
     out: dict[str, str] = {}
-    try:
-        node = yaml.compose(text, Loader=Loader)
-    except yaml.YAMLError:
-        return out
 
     def walk(n: yaml.Node, prefix: str) -> None:
         if isinstance(n, yaml.MappingNode):
             for k, v in n.value:
-                dotted = f"{prefix}{k.value}"
-                out[dotted] = f"{file}:{k.start_mark.line + 1}"
+                dotted = f"{prefix}{k.value}" if isinstance(k, yaml.ScalarNode) else f"{prefix}?"
+                out.setdefault(dotted, f"{file}:{k.start_mark.line + 1}")
                 walk(v, dotted + ".")
 
     if node is not None:
@@ -51,27 +49,37 @@ def _yaml_lines(text: str, file: str) -> dict[str, str]:
     return out
 
 
-def read_yaml_file(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(
-            f"config file {str(p)!r} does not exist" if not p.exists() else f"config file {str(p)!r} is not a file",
-            where="--config",
-            hint="check the path, or run `acc-train --print-config > job.yaml` to start one",
-        )
-    text = p.read_text(encoding="utf-8")
+def _yaml_problem(exc: yaml.YAMLError, file: str) -> tuple[str, str]:
+    """(message, file:line:column) of a YAML error."""
+    mark = getattr(exc, "problem_mark", None)
+    loc = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
+    problem = getattr(exc, "problem", None) or str(exc)
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start and not isinstance(exc, YamlRefused):  # "while parsing a flow sequence" opened here
+        problem += f" ({context} at {file}:{start.line + 1})"
+    return problem, loc
+
+
+def read_yaml_file(path: str | Path, where: str = "--config", what: str = "config file") -> tuple[dict[str, Any], dict[str, str]]:
+    """A YAML file of config sections and the file:line of each key; ``where`` names the flag or
+    variable that named the file. Every problem is a :class:`UserError` naming the file."""
+    text = read_user_text(path, what=what, where=where, hint="check the path, or run `acc-train --print-config > job.yaml` to start one")
+    file = str(path)
     try:
-        data = yaml.load(text, Loader=Loader)
+        data, node = load_yaml(text, file)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        loc = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise UserError(f"not valid YAML: {problem}", where=loc, hint="fix the YAML syntax at that line") from None
+        problem, loc = _yaml_problem(exc, file)
+        hint = None if isinstance(exc, YamlRefused) else "fix the YAML syntax at that line"
+        raise UserError(f"not valid YAML: {problem}" if hint else problem, where=loc, hint=hint) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise UserError(f"the file must hold a mapping of config keys, not a {type(data).__name__}", where=str(p))
-    return data, _yaml_lines(text, str(p))
+        raise UserError(f"the file must hold a mapping of config keys, not a {type(data).__name__}", where=file)
+    for key in data:
+        if not isinstance(key, str):
+            line = _yaml_lines(node, file).get(str(key), file)
+            raise UserError(f"config keys are names, not {type(key).__name__} {key!r}", where=line)
+    return data, _yaml_lines(node, file)
 
 
 def parse_set(item: str) -> tuple[str, Any]:
@@ -81,9 +89,11 @@ def parse_set(item: str) -> tuple[str, Any]:
     if not sep or not key:
         raise UserError(f"--set expects key.path=value, got {item!r}", where="--set", hint="e.g. --set training.max_steps=50")
     try:
-        value = yaml.load(raw, Loader=Loader) if raw.strip() else ""
+        value = load_yaml(raw, "--set")[0] if raw.strip() else ""
+    except YamlRefused as exc:
+        raise UserError(f"{exc.problem}", where=f"--set {item}") from None
     except yaml.YAMLError:
-        value = raw
+        value = raw  # not YAML: the text as given
     return key, value
 
 
