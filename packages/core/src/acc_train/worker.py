@@ -16,6 +16,7 @@ from acc_train.errors import EXIT_USER_ERROR, UserError
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from acc_train.checkpoint.faults import check_fault_env
     from acc_train.config import load_resolved
     from acc_train.trainer import train
 
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     @record
     def run() -> None:
         try:
+            check_fault_env()
             job = load_resolved(args[0])
             if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and not job.config.resume:
                 job.config.resume = "auto"  # restarted after a failure: continue from the latest checkpoint
