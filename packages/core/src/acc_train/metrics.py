@@ -114,8 +114,8 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
 
 
 def row_problem(data: Any) -> str | None:
-    """What is wrong with a parsed line as a row (None when it is a row): not an object, no
-    integer ``step``, a known field of the wrong type."""
+    """What is wrong with a parsed line as a row (None when it is a row): not an object, a
+    ``step`` that is not an integer, a known field of the wrong type."""
     if not isinstance(data, dict):
         return f"is a JSON {type(data).__name__}, not an object"
     for name, kinds in FIELD_TYPES.items():
@@ -130,8 +130,8 @@ def row_problem(data: Any) -> str | None:
 
 def read_metrics(path: str | Path) -> RunMetrics:
     """Read ``metrics.jsonl`` (a file, or the run's output directory holding it). A last line
-    cut short by a crash is skipped; any other line that is not a row is a UserError naming
-    the file and the line."""
+    cut short by a crash and objects without a ``step`` are skipped; any other line that is not
+    a row is a UserError naming the file and the line."""
     p = Path(path)
     if p.is_dir() and p.name != METRICS_FILE:
         p = p / METRICS_FILE
@@ -150,10 +150,12 @@ def read_metrics(path: str | Path) -> RunMetrics:
                 continue
             problem = f"is not JSON ({getattr(exc, 'msg', exc)})"
         else:
+            if isinstance(data, dict) and "step" not in data:  # not a row (a plugin's own line)
+                continue
             problem = row_problem(data)
         if problem is not None:
             raise UserError(
-                f"{str(p)!r}, line {number}: {problem}",
+                f"line {number}: {problem}",
                 where=str(p),
                 hint="each line of metrics.jsonl is one JSON object written by a run (step, loss, lr, ...); fix or remove that line",
             )

@@ -82,7 +82,7 @@ def read_summary(path: Path) -> dict[str, Any]:
         value = summary.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
             want = {str: "a string", int: "an integer"}.get(kinds[0], "a number") if len(kinds) == 1 else "a number"
-            raise UserError(f"run summary {str(path)!r}: `{key}` must be {want}, not {json.dumps(value)[:40]}", where=str(path), hint=hint)
+            raise UserError(f"`{key}` must be {want}, not {json.dumps(value)[:40]}", where=str(path), hint=hint)
     return summary
 
 
@@ -98,16 +98,16 @@ def read_configured_strategy(path: Path) -> str | None:
         config = yaml.load(text, Loader=Loader) or {}  # noqa: S506 - Loader is a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        at = f", line {mark.line + 1}" if mark is not None else ""
-        raise UserError(f"run config {str(path)!r}{at}: not YAML ({getattr(exc, 'problem', None) or exc})", where=str(path), hint=hint) from None
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"not YAML{at} ({getattr(exc, 'problem', None) or exc})", where=str(path), hint=hint) from None
     except RecursionError:
-        raise UserError(f"run config {str(path)!r} nests too deeply to read", where=str(path), hint=hint) from None
+        raise UserError("the run config nests too deeply to read", where=str(path), hint=hint) from None
     if not isinstance(config, dict):
-        raise UserError(f"run config {str(path)!r} must be a mapping of keys, not a {type(config).__name__}", where=str(path), hint=hint)
+        raise UserError(f"the run config must be a mapping of keys, not a {type(config).__name__}", where=str(path), hint=hint)
     strategy = config.get("strategy")
     name = strategy.get("name") if isinstance(strategy, dict) else strategy
     if name is not None and not isinstance(name, str):
-        raise UserError(f"run config {str(path)!r}: `strategy` must be a name or a mapping with a `name`", where=str(path), hint=hint)
+        raise UserError("`strategy` must be a name or a mapping with a `name`", where=str(path), hint=hint)
     return name
 
 
@@ -132,7 +132,9 @@ def _checkpoints(root: Path) -> list[tuple[str, int | None, bool]]:
 
 
 def _fmt_loss(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "-"
+    return f"{value:.4f}" if abs(value) < 1e9 else f"{value:.4g}"
 
 
 def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
@@ -244,7 +246,15 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
     if steps:
         ax_tps.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
     tmp = target.with_name(target.name + ".tmp")
-    fig.savefig(tmp, format="png")
+    try:
+        fig.savefig(tmp, format="png")
+    except (ValueError, OverflowError) as exc:  # matplotlib cannot place ticks for values near 1e308
+        tmp.unlink(missing_ok=True)
+        raise UserError(
+            f"cannot draw {target.name}: a value in {METRICS_FILE} is beyond what a plot can show ({exc})",
+            where=str(record.output_dir / METRICS_FILE),
+            hint="`acc-train report --no-png` prints the summary without the plot",
+        ) from None
     tmp.replace(target)
     return target
 
