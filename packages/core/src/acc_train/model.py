@@ -163,7 +163,7 @@ def build_model(config: JobConfig) -> Any:
             return transformers.LlamaForCausalLM(mcfg)
         return _from_pretrained(transformers.AutoModelForCausalLM, config.model, "model", config=mcfg)
     except BUILD_ERRORS as exc:
-        raise _refuse_config(config, exc, "cannot build the model: ", "`acc-train plan` shows the memory it needs per rank") from None
+        raise _refuse_config(config, exc, "cannot build the model: ", "check the config against the weights saved with it; `acc-train plan` shows the memory a model needs per rank") from None
 
 
 def load_tokenizer(mcfg: ModelConfig) -> Any | None:
