@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from acc_train.errors import UserError
+from acc_train.errors import UserError, closest
 
 __all__ = ["ENV_FAULT", "FAULT_POINTS", "Fault", "parse_fault", "check_fault_env", "fault_point"]
 
@@ -49,7 +49,8 @@ def parse_fault(spec: str) -> Fault:
         )
 
     if point not in FAULT_POINTS:
-        raise refuse(f"{point!r} is not a fault point" if point else "it names no fault point")
+        near = closest(point, FAULT_POINTS) if point else None
+        raise refuse(f"{point!r} is not a fault point" + (f" (did you mean {near!r}?)" if near else "") if point else "it names no fault point")
     numbers: dict[str, int | None] = {}
     for part in ("step", "rank"):
         text = match[part] if match else None
