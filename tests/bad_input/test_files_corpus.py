@@ -128,6 +128,15 @@ for _name, (_setup, _names) in MODEL_EDITS.items():
 for _name in ("no-model-type", "hidden-not-divisible", "vocab-abc", "layers-absurd", "config-binary", "heads-zero"):
     _setup, _names = MODEL_EDITS[_name]
     case(f"train-model-{_name}", train(), _names, {"train.jsonl": GOOD_ROWS}, setup=_setup)
+def write_model_file(name: str, content: bytes) -> Setup:
+    def setup(ws: Path, model: Path) -> None:
+        (ws / "model" / name).write_bytes(content)
+
+    return setup
+
+
+case("train-tokenizer-json-wrong-shape", train(), ["model.name_or_path", "tokenizer.json"], {"train.jsonl": GOOD_ROWS}, setup=write_model_file("tokenizer.json", b'{"model": 5}'))
+case("train-tokenizer-json-binary", train(), ["model.name_or_path", "tokenizer.json"], {"train.jsonl": GOOD_ROWS}, setup=write_model_file("tokenizer.json", b"\xff\xfe\x00"))
 case("plan-model-config-file-binary", ["plan", "--model", "{ws}/model/config.json"], ["config.json"], setup=write_config(b"\x00\xff" * 40))
 
 # --- report: a run's files of the wrong shape or bytes -------------------------------------------

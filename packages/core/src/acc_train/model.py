@@ -150,8 +150,10 @@ def meta_model(config: JobConfig) -> tuple[Any, Any]:
 
 
 def check_model_builds(config: JobConfig) -> None:
-    """Fail before launch on a model config transformers rejects or cannot build."""
+    """Fail before launch on a model config transformers rejects or cannot build, or a
+    tokenizer it cannot load."""
     meta_model(config)
+    load_tokenizer(config.model)
 
 
 def build_model(config: JobConfig) -> Any:
@@ -175,9 +177,11 @@ def load_tokenizer(mcfg: ModelConfig) -> Any | None:
 
     try:
         return transformers.AutoTokenizer.from_pretrained(name, trust_remote_code=mcfg.trust_remote_code)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - its files are the user's (a tokenizer.json of the wrong shape is a KeyError)
+        detail = f"{type(exc).__name__} {exc}" if isinstance(exc, LookupError) else str(exc)
+        files = ", ".join(f for f in TOKENIZER_FILES if (Path(name).expanduser() / f).is_file())
         raise UserError(
-            f"cannot load tokenizer {name!r}: {exc}".splitlines()[0],
+            f"cannot load tokenizer {name!r}{f' ({files})' if files else ''}: {detail}".splitlines()[0],
             where="model.tokenizer" if mcfg.tokenizer else "model.name_or_path",
             hint="set model.tokenizer to a directory holding one",
         ) from None
