@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from acc_train.errors import UserError
-
 if TYPE_CHECKING:
     from acc_train.config import JobConfig
 
@@ -113,21 +111,9 @@ def _first(config: Any, *names: str) -> int | None:
 
 def model_shape(config: JobConfig) -> ModelShape:
     """Count the job's model on the meta device: its config is read, no weight is allocated."""
-    import torch
-    import transformers
+    from acc_train.model import meta_model
 
-    from acc_train.model import model_config
-
-    mcfg = model_config(config)
-    try:
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(mcfg, trust_remote_code=config.model.trust_remote_code)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UserError(
-            f"cannot build a causal LM from the config of {config.model.name_or_path!r}: {exc}".splitlines()[0],
-            where="model.name_or_path",
-            hint="acc-train trains AutoModelForCausalLM models",
-        ) from None
+    model, mcfg = meta_model(config)
     psi = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return ModelShape(
         name=config.model.name_or_path or "demo (Llama, byte-level)",

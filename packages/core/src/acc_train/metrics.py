@@ -14,7 +14,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["METRICS_FILE", "MetricsRow", "RunMetrics", "read_metrics"]
+from acc_train.errors import UserError
+from acc_train.user_files import read_user_text
+
+__all__ = ["METRICS_FILE", "FIELD_TYPES", "MetricsRow", "RunMetrics", "parse_line", "read_metrics", "row_problem"]
 
 #: The file in a run's output directory.
 METRICS_FILE = "metrics.jsonl"
@@ -101,16 +104,62 @@ def parse_line(line: str) -> MetricsRow | None:
     return MetricsRow.from_dict(data)
 
 
-def read_metrics(path: str | Path) -> RunMetrics:
-    """Read ``metrics.jsonl`` (a file, or the run's output directory holding it)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / METRICS_FILE
-    out = RunMetrics()
-    for line in p.read_text().splitlines():
-        row = parse_line(line)
-        if row is None:
+#: the type each known field of a row must have (None is always allowed but for ``step``)
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "step": (int,),
+    "epoch": (int,),
+    "tokens": (int,),
+    **{name: (int, float) for name in ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "eval_loss")},
+}
+
+
+def row_problem(data: Any) -> str | None:
+    """What is wrong with a parsed line as a row (None when it is a row): not an object, a
+    ``step`` that is not an integer, a known field of the wrong type."""
+    if not isinstance(data, dict):
+        return f"is a JSON {type(data).__name__}, not an object"
+    for name, kinds in FIELD_TYPES.items():
+        value = data.get(name)
+        if value is None and name != "step":
             continue
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            want = "an integer" if kinds == (int,) else "a number"
+            return f"`{name}` must be {want}, not {json.dumps(value)[:40] if name in data else 'missing'}"
+    return None
+
+
+def read_metrics(path: str | Path) -> RunMetrics:
+    """Read ``metrics.jsonl`` (a file, or the run's output directory holding it). A last line
+    cut short by a crash and objects without a ``step`` are skipped; any other line that is not
+    a row is a UserError naming the file and the line."""
+    p = Path(path)
+    if p.is_dir() and p.name != METRICS_FILE:
+        p = p / METRICS_FILE
+    text = read_user_text(p, what="metrics file")
+    lines = text.split("\n")
+    out = RunMetrics()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except RecursionError:
+            problem: str | None = "nests too deeply to read"
+        except ValueError as exc:
+            if number == len(lines):  # no newline after it: the write was cut short
+                continue
+            problem = f"is not JSON ({getattr(exc, 'msg', exc)})"
+        else:
+            if isinstance(data, dict) and "step" not in data:  # not a row (a plugin's own line)
+                continue
+            problem = row_problem(data)
+        if problem is not None:
+            raise UserError(
+                f"line {number}: {problem}",
+                where=str(p),
+                hint="each line of metrics.jsonl is one JSON object written by a run (step, loss, lr, ...); fix or remove that line",
+            )
+        row = MetricsRow.from_dict(data)
         if row.is_training:
             out.steps[row.step] = row
         elif row.is_eval:

@@ -10,7 +10,7 @@ from acc_train.errors import UserError
 if TYPE_CHECKING:
     from acc_train.config import JobConfig, ModelConfig
 
-__all__ = ["DEMO_MODEL_CONFIG", "build_model", "load_tokenizer", "check_model_path"]
+__all__ = ["DEMO_MODEL_CONFIG", "build_model", "load_tokenizer", "check_model_path", "check_model_builds", "meta_model", "model_config", "config_source"]
 
 #: The demo model: a small Llama over the 256 byte values; ``model.config`` overrides these.
 DEMO_MODEL_CONFIG: dict[str, Any] = {
@@ -59,8 +59,35 @@ def check_model_path(cfg: ModelConfig) -> None:
             )
 
 
+#: more layers than any model trained anywhere: building them (even on the meta device) would hang
+MAX_LAYERS = 10_000
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def config_source(config: JobConfig) -> tuple[str, str]:
+    """(what the model's config is, the key that names it): ``DIR/config.json`` and
+    ``model.name_or_path``, or ``the demo model config`` and ``model.config``."""
+    name = config.model.name_or_path
+    if name is None:
+        return "the demo model config", "model.config"
+    path = Path(name).expanduser()
+    return (str(path / "config.json") if path.is_dir() else name), "model.name_or_path"
+
+
+def _refuse_config(config: JobConfig, exc: BaseException, doing: str = "", hint: str | None = None) -> UserError:
+    """A transformers error about the user's model config, as a UserError naming the file."""
+    what, where = config_source(config)
+    detail = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:400] or type(exc).__name__
+    return UserError(
+        f"{what}: {doing}{detail}",
+        where=where,
+        hint=hint or "fix the config (written by save_pretrained), or point model.name_or_path at another model",
+    )
+
+
 def model_config(config: JobConfig) -> Any:
-    """The job's model config (a transformers ``PretrainedConfig``), without building the model."""
+    """The job's model config (a transformers ``PretrainedConfig``), without building the model;
+    a config transformers rejects, or one too large to build, is a UserError naming its file."""
     import transformers
 
     mcfg = config.model
@@ -71,14 +98,29 @@ def model_config(config: JobConfig) -> Any:
             raise UserError(f"invalid demo model config: {exc}", where="model.config") from None
         if llama.vocab_size < 256 and not config.model.tokenizer:
             raise UserError("the demo model reads bytes: vocab_size must be at least 256", where="model.config.vocab_size")
-        return llama
-    return _from_pretrained(transformers.AutoConfig, mcfg, "the config of model")
+        loaded = llama
+    else:
+        try:
+            loaded = _from_pretrained(transformers.AutoConfig, mcfg, "the config of model")
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - anything transformers says about the user's config.json
+            raise _refuse_config(config, exc) from None
+    for key in LAYER_KEYS:
+        layers = getattr(loaded, key, None)
+        if isinstance(layers, int) and not 0 <= layers <= MAX_LAYERS:
+            raise UserError(
+                f"{config_source(config)[0]}: {key}={layers} is not a model that can be built (0 to {MAX_LAYERS:,} layers)",
+                where=config_source(config)[1],
+                hint="check the number in the config",
+            )
+    return loaded
 
 
-def _from_pretrained(loader: Any, mcfg: Any, what: str) -> Any:
+def _from_pretrained(loader: Any, mcfg: Any, what: str, **kwargs: Any) -> Any:
     """``loader.from_pretrained(model.name_or_path)``, a missing or unreadable model as a UserError."""
     try:
-        return loader.from_pretrained(mcfg.name_or_path, trust_remote_code=mcfg.trust_remote_code)
+        return loader.from_pretrained(mcfg.name_or_path, trust_remote_code=mcfg.trust_remote_code, **kwargs)
     except OSError as exc:
         raise UserError(
             f"cannot load {what} {mcfg.name_or_path!r}: {exc}".splitlines()[0],
@@ -87,13 +129,43 @@ def _from_pretrained(loader: Any, mcfg: Any, what: str) -> Any:
         ) from None
 
 
+#: what building a model from a config transformers accepted can still raise for a bad config
+#: (sizes that do not divide, negative or absurd dimensions, memory that cannot be allocated)
+BUILD_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, ZeroDivisionError, OverflowError, MemoryError)
+
+
+def meta_model(config: JobConfig) -> tuple[Any, Any]:
+    """(the job's model built on the meta device, its config): nothing is allocated, so this
+    checks any config before launch; what transformers cannot build is a UserError."""
+    import torch
+    import transformers
+
+    mcfg = model_config(config)
+    try:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(mcfg, trust_remote_code=config.model.trust_remote_code)
+    except BUILD_ERRORS as exc:
+        raise _refuse_config(config, exc, "cannot build a causal LM from it: ", "acc-train trains AutoModelForCausalLM models; fix the config") from None
+    return model, mcfg
+
+
+def check_model_builds(config: JobConfig) -> None:
+    """Fail before launch on a model config transformers rejects or cannot build, or a
+    tokenizer it cannot load."""
+    meta_model(config)
+    load_tokenizer(config.model)
+
+
 def build_model(config: JobConfig) -> Any:
     import transformers
 
-    mcfg = config.model
-    if mcfg.name_or_path is None:
-        return transformers.LlamaForCausalLM(model_config(config))
-    return _from_pretrained(transformers.AutoModelForCausalLM, mcfg, "model")
+    mcfg = model_config(config)
+    try:
+        if config.model.name_or_path is None:
+            return transformers.LlamaForCausalLM(mcfg)
+        return _from_pretrained(transformers.AutoModelForCausalLM, config.model, "model", config=mcfg)
+    except BUILD_ERRORS as exc:
+        raise _refuse_config(config, exc, "cannot build the model: ", "check the config against the weights saved with it; `acc-train plan` shows the memory a model needs per rank") from None
 
 
 def load_tokenizer(mcfg: ModelConfig) -> Any | None:
@@ -105,9 +177,11 @@ def load_tokenizer(mcfg: ModelConfig) -> Any | None:
 
     try:
         return transformers.AutoTokenizer.from_pretrained(name, trust_remote_code=mcfg.trust_remote_code)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - its files are the user's (a tokenizer.json of the wrong shape is a KeyError)
+        detail = f"{type(exc).__name__} {exc}" if isinstance(exc, LookupError) else str(exc)
+        files = ", ".join(f for f in TOKENIZER_FILES if (Path(name).expanduser() / f).is_file())
         raise UserError(
-            f"cannot load tokenizer {name!r}: {exc}".splitlines()[0],
+            f"cannot load tokenizer {name!r}{f' ({files})' if files else ''}: {detail}".splitlines()[0],
             where="model.tokenizer" if mcfg.tokenizer else "model.name_or_path",
             hint="set model.tokenizer to a directory holding one",
         ) from None

@@ -16,8 +16,9 @@ from typing import Any
 
 from acc_train.errors import UserError
 from acc_train.metrics import METRICS_FILE, MetricsRow, read_metrics
+from acc_train.user_files import read_user_json, read_user_text
 
-__all__ = ["REPORT_PNG", "RunRecord", "read_run", "summary_rows", "format_summary", "draw_report", "write_report"]
+__all__ = ["REPORT_PNG", "RunRecord", "read_run", "read_summary", "read_configured_strategy", "summary_rows", "format_summary", "draw_report", "write_report"]
 
 REPORT_PNG = "report.png"
 
@@ -52,45 +53,88 @@ def read_run(output_dir: str | Path) -> RunRecord:
         )
     rows = read_metrics(metrics)
     record = RunRecord(out, steps=rows.training, evals=rows.evals)
-    run_json = out / "run.json"
-    if run_json.is_file():
-        try:
-            record.summary = json.loads(run_json.read_text())
-        except ValueError:
-            record.summary = None
-    config = out / "config.yaml"
-    if config.is_file():
-        import yaml
-
-        try:
-            strategy = (yaml.safe_load(config.read_text()) or {}).get("strategy")
-            record.configured_strategy = strategy.get("name") if isinstance(strategy, dict) else strategy
-        except yaml.YAMLError:
-            pass
+    if (out / "run.json").exists():
+        record.summary = read_summary(out / "run.json")
+    if (out / "config.yaml").exists():
+        record.configured_strategy = read_configured_strategy(out / "config.yaml")
     record.checkpoints = _checkpoints(out / "checkpoints")
     return record
 
 
+#: the type each field of ``run.json`` the report shows must have (None is allowed)
+SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
+    "strategy": (str,),
+    "distributed_type": (str,),
+    "world_size": (int,),
+    "steps": (int,),
+    "start_step": (int,),
+    "tokens_per_s": (int, float),
+    "final_loss": (int, float),
+    "elapsed_s": (int, float),
+}
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """``run.json``: a JSON object whose shown fields have their types, else a UserError."""
+    hint = "run.json is written by a finished run; restore it, or remove it to report from metrics.jsonl"
+    summary = read_user_json(path, what="run summary", kind=dict, hint=hint)
+    for key, kinds in SUMMARY_TYPES.items():
+        value = summary.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            want = {str: "a string", int: "an integer"}.get(kinds[0], "a number") if len(kinds) == 1 else "a number"
+            raise UserError(f"`{key}` must be {want}, not {json.dumps(value)[:40]}", where=str(path), hint=hint)
+    return summary
+
+
+def read_configured_strategy(path: Path) -> str | None:
+    """The strategy name in a run's ``config.yaml`` (a mapping), else a UserError naming it."""
+    import yaml
+
+    from acc_train.yaml_loader import Loader
+
+    hint = "config.yaml is the resolved config a run writes; restore it, or remove it"
+    text = read_user_text(path, what="run config", hint=hint)
+    try:
+        config = yaml.load(text, Loader=Loader) or {}  # noqa: S506 - Loader is a SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"not YAML{at} ({getattr(exc, 'problem', None) or exc})", where=str(path), hint=hint) from None
+    except RecursionError:
+        raise UserError("the run config nests too deeply to read", where=str(path), hint=hint) from None
+    if not isinstance(config, dict):
+        raise UserError(f"the run config must be a mapping of keys, not a {type(config).__name__}", where=str(path), hint=hint)
+    strategy = config.get("strategy")
+    name = strategy.get("name") if isinstance(strategy, dict) else strategy
+    if name is not None and not isinstance(name, str):
+        raise UserError("`strategy` must be a name or a mapping with a `name`", where=str(path), hint=hint)
+    return name
+
+
 def _checkpoints(root: Path) -> list[tuple[str, int | None, bool]]:
+    """(name, step, is latest) of each complete checkpoint; a damaged manifest or pointer shows
+    as an unknown step or no latest (``checkpoint inspect`` says what is wrong with it)."""
     if not root.is_dir():
         return []
     latest_file = root / "latest"
-    latest = latest_file.read_text().strip() if latest_file.is_file() else None
+    latest = latest_file.read_bytes().decode("utf-8", "replace").strip() if latest_file.is_file() else None
     found = []
     for d in sorted(root.glob("step-*")):
         manifest = d / "manifest.json"
         if not manifest.is_file():  # incomplete: never resumed from
             continue
         try:
-            step = json.loads(manifest.read_text()).get("step")
-        except ValueError:
+            step = json.loads(manifest.read_bytes()).get("step")
+        except (ValueError, AttributeError, RecursionError):
             step = None
-        found.append((d.name, step, d.name == latest))
+        found.append((d.name, step if isinstance(step, int) and not isinstance(step, bool) else None, d.name == latest))
     return found
 
 
 def _fmt_loss(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "-"
+    return f"{value:.4f}" if abs(value) < 1e9 else f"{value:.4g}"
 
 
 def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
@@ -202,7 +246,15 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
     if steps:
         ax_tps.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
     tmp = target.with_name(target.name + ".tmp")
-    fig.savefig(tmp, format="png")
+    try:
+        fig.savefig(tmp, format="png")
+    except (ValueError, OverflowError) as exc:  # matplotlib cannot place ticks for values near 1e308
+        tmp.unlink(missing_ok=True)
+        raise UserError(
+            f"cannot draw {target.name}: a value in {METRICS_FILE} is beyond what a plot can show ({exc})",
+            where=str(record.output_dir / METRICS_FILE),
+            hint="`acc-train report --no-png` prints the summary without the plot",
+        ) from None
     tmp.replace(target)
     return target
 

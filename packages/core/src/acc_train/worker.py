@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet_other_local_ranks()  # before the libraries load: their warnings print once per machine
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from acc_train.checkpoint.faults import check_fault_env
     from acc_train.config import load_resolved
     from acc_train.trainer import restart_resumes, train
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     @record
     def run() -> None:
         try:
+            check_fault_env()
             job = load_resolved(args[0])
             if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and restart_resumes(job, args[0]):
                 job.config.resume = "auto"  # restarted after a failure: continue from the latest checkpoint
