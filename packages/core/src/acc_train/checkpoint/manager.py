@@ -12,8 +12,11 @@ Layout::
         rng-rank00000.json   python/numpy RNG; torch RNG states in rng-rank00000.safetensors
         manifest.json        written last: a directory without it is never resumed from
 
-All ranks write into ``.staging-step-NNNNNN``; once every rank is done, rank 0 writes the
-manifest, renames the directory into place and only then moves ``latest``.
+All ranks write into ``.staging-step-NNNNNN``, and each hashes its share of the files (those
+named by its rank right after its own writes, while they are in the page cache; an even share of
+the rest once every rank is done); rank 0 merges the ranks' tables into the manifest, renames the
+directory into place and only then moves ``latest``. On resume each rank hashes its share again,
+and every rank refuses if any rank found a problem.
 """
 
 from __future__ import annotations
@@ -31,9 +34,16 @@ from acc_train.checkpoint.format import CheckpointFormat
 from acc_train.checkpoint.layout import LATEST, STAGING_PREFIX, step_dir_name
 from acc_train.checkpoint.manifest import (
     MANIFEST,
+    EarlyHashes,
+    assign_files,
     check_same_model,
-    file_table,
-    verify_checkpoint,
+    find_problems,
+    hash_rank_files,
+    hash_share,
+    list_files,
+    merge_tables,
+    raise_problems,
+    read_manifest,
     write_json,
 )
 from acc_train.checkpoint.portable import PORTABLE_DIR
@@ -44,6 +54,28 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
 __all__ = ["TrainerState", "CheckpointManager", "check_async_save"]
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``[obj]`` in one process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _from_rank0(obj: Any) -> Any:
+    """Rank 0's ``obj``, on every rank."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 @dataclass
@@ -151,10 +183,10 @@ class CheckpointManager:
             if self.model_config is not None:
                 write_json(staging / "model_config.json", self.model_config)
         self.blocked_s.append(time.perf_counter() - started)
-        if future is not None:
+        if future is not None:  # the background writer's files are hashed once it is done
             self._pending = (future, copy.copy(state), staging)
             return
-        self._commit(staging, state)
+        self._commit(staging, state, hash_rank_files(staging, acc.process_index))
 
     def finish(self) -> float:
         """Wait for an asynchronous save still being written, and commit it. Returns the
@@ -169,7 +201,7 @@ class CheckpointManager:
         future.result()
         waited = time.perf_counter() - started
         fault_point("save-state-written", state.step)
-        self._commit(staging, state)
+        self._commit(staging, state, {})
         return waited
 
     def _async_group(self) -> Any:
@@ -181,13 +213,16 @@ class CheckpointManager:
             self._group = dist.new_group(backend="gloo")
         return self._group
 
-    def _commit(self, staging: Path, state: TrainerState) -> None:
+    def _commit(self, staging: Path, state: TrainerState, early: EarlyHashes) -> None:
         acc = self.accelerator
         name = step_dir_name(state.step)
         final = self.root / name
-        acc.wait_for_everyone()
+        acc.wait_for_everyone()  # every rank's files are written: rank 0's listing is the checkpoint's
+        listing = _from_rank0(list_files(staging) if acc.is_main_process else None)
+        share = assign_files(listing, acc.num_processes)[acc.process_index]
+        tables = _all_gather(hash_share(staging, share, early))
         if acc.is_main_process:
-            files = file_table(staging)
+            files = merge_tables(tables, listing)
             manifest = {
                 "format": self.fmt.name,
                 "portable": PORTABLE_DIR if self.fmt.writes_portable else None,
@@ -230,11 +265,18 @@ class CheckpointManager:
 
     def check(self, path: Path, model: Any) -> dict[str, Any]:
         """Everything that can refuse a resume, before anything is loaded: files against the
-        manifest, the model, the data order, the format. Returns the manifest."""
-        manifest = verify_checkpoint(path, hashes=self.accelerator.is_local_main_process)
+        manifest, the model, the data order, the format. Returns the manifest. Collective:
+        every rank checks sizes and hashes its share of the files, and every rank refuses
+        if any found a problem."""
+        acc = self.accelerator
+        manifest = read_manifest(path)
+        sizes = {name: entry["size"] for name, entry in manifest["files"].items()}
+        share = set(assign_files(sizes, acc.num_processes)[acc.process_index])
+        problems = _all_gather(find_problems(path, manifest, hashes=share))
+        raise_problems(path, list(dict.fromkeys(p for found in problems for p in found)))
         if isinstance(self.manifest_extra.get("model"), dict):
             check_same_model(manifest, self.manifest_extra["model"], path)
-        written = manifest.get("data", {})
+        written = manifest.get("data") or {}
         changed = [f"{k}: checkpoint {written.get(k)!r}, this run {v!r}" for k, v in self.data_signature.items() if written.get(k) != v]
         if changed:
             raise UserError(

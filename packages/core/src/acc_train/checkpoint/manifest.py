@@ -1,13 +1,23 @@
 """A checkpoint's manifest: written last, it lists every file with its size and sha256, the
-model's fingerprint and the library versions; nothing is loaded before the files match it."""
+model's fingerprint and the library versions; nothing is loaded before the files match it.
+
+Hashing scales with the ranks: on save each rank hashes its share of the files (those it wrote,
+named by its rank, and an even share of the rest; :func:`assign_files`) and rank 0 only merges
+the tables (:func:`merge_tables`); on resume each rank hashes the same kind of share
+(:func:`find_problems`). One process alone (``checkpoint inspect``) hashes everything.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from acc_train.errors import UserError
 
@@ -15,14 +25,28 @@ __all__ = [
     "MANIFEST",
     "write_json",
     "sha256",
+    "hash_files",
+    "EarlyHashes",
+    "hash_rank_files",
+    "hash_share",
+    "list_files",
     "file_table",
+    "writer_rank",
+    "assign_files",
+    "merge_tables",
+    "read_manifest",
+    "find_problems",
+    "raise_problems",
     "verify_checkpoint",
     "model_fingerprint",
     "check_same_model",
-    
 ]
 
 MANIFEST = "manifest.json"
+
+#: names that say which rank wrote a file: acc-train's ``...-rank00001...`` files, and DCP's
+#: ``shard-00002-...`` (its shard index is the rank plus one)
+_RANK_NAMES = ((re.compile(r"rank(\d{5})(?!\d)"), 0), (re.compile(r"(?:^|/)shard-(\d{5})-"), 1))
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -32,31 +56,176 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def sha256(path: Path) -> str:
-    """The sha256 of a file's content, read in 1 MiB chunks."""
+def _hash_entry(path: Path) -> dict[str, Any]:
+    """``{size, sha256}`` of one file, the size being the bytes hashed (one read, 1 MiB chunks)."""
     h = hashlib.sha256()
+    size = 0
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+            size += len(chunk)
+    return {"size": size, "sha256": h.hexdigest()}
+
+
+def sha256(path: Path) -> str:
+    """The sha256 of a file's content, read in 1 MiB chunks."""
+    return str(_hash_entry(path)["sha256"])
+
+
+def hash_files(directory: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``{name: {size, sha256}}`` for the given files under ``directory``."""
+    return {name: _hash_entry(directory / name) for name in names}
+
+
+#: files a rank hashed right after writing them: name -> ((size, mtime_ns) when hashed, entry)
+EarlyHashes = dict[str, tuple[tuple[int, int], dict[str, Any]]]
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def hash_rank_files(directory: Path, rank: int) -> EarlyHashes:
+    """Hash the files named by ``rank`` (:func:`writer_rank`) right after its own writes, while
+    they are in the page cache; other ranks may still be writing theirs."""
+    out: EarlyHashes = {}
+    for name in list_files(directory):
+        if writer_rank(name) == rank:
+            before = _stamp(directory / name)
+            entry = _hash_entry(directory / name)
+            if _stamp(directory / name) == before:
+                out[name] = (before, entry)
+    return out
+
+
+def hash_share(directory: Path, names: Iterable[str], early: EarlyHashes) -> dict[str, dict[str, Any]]:
+    """``{name: {size, sha256}}`` for ``names``: from ``early`` where a file is unchanged since
+    it was hashed there, else hashed now."""
+    table = {}
+    for name in names:
+        hashed = early.get(name)
+        table[name] = hashed[1] if hashed is not None and hashed[0] == _stamp(directory / name) else _hash_entry(directory / name)
+    return table
+
+
+def list_files(directory: Path) -> dict[str, int]:
+    """Every file under ``directory`` (relative path -> size), the manifest itself excepted."""
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        name = p.relative_to(directory).as_posix()
+        try:
+            if p.is_file() and name != MANIFEST:
+                out[name] = p.stat().st_size
+        except FileNotFoundError:  # removed since listed (another rank's temporary file)
+            continue
+    return out
 
 
 def file_table(directory: Path) -> dict[str, dict[str, Any]]:
-    """The manifest's ``files``: every file under ``directory`` by relative path, with its
-    size and sha256."""
-    return {
-        str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": sha256(p)}
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
+    """The manifest's ``files`` in one process: every file under ``directory`` by relative
+    path, with its size and sha256."""
+    return hash_files(directory, list_files(directory))
 
 
-def verify_checkpoint(path: Path, hashes: bool = True) -> dict[str, Any]:
-    """Read ``path``'s manifest and check every file against it (size, and sha256 where
-    ``hashes``), and that no file was added. Returns the manifest; raises :class:`UserError`
-    naming what is wrong. Nothing is loaded before this passes, so a planted or edited file is
-    never read. (Workers other than each machine's first check sizes only: one full read of a
-    large checkpoint per machine is enough.)"""
+def writer_rank(name: str) -> int | None:
+    """The rank whose name a file carries (the rank that writes and reads it), or None."""
+    for pattern, offset in _RANK_NAMES:
+        match = pattern.search(name)
+        if match:
+            return int(match.group(1)) - offset
+    return None
+
+
+def assign_files(sizes: Mapping[str, int], world_size: int) -> list[list[str]]:
+    """Which rank hashes which file, the same on every rank: a file named by a rank of this
+    world goes to that rank (it wrote it, or reads it back); the others are spread so every
+    rank hashes about as many bytes (largest first, to the least loaded)."""
+    shares: list[list[str]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    rest = []
+    for name in sorted(sizes):
+        rank = writer_rank(name)
+        if rank is not None and 0 <= rank < world_size:
+            shares[rank].append(name)
+            load[rank] += sizes[name]
+        else:
+            rest.append(name)
+    for name in sorted(rest, key=lambda n: (-sizes[n], n)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        shares[rank].append(name)
+        load[rank] += sizes[name]
+    return shares
+
+
+def merge_tables(tables: Iterable[Mapping[str, Mapping[str, Any]]], listing: Mapping[str, int]) -> dict[str, dict[str, Any]]:
+    """The manifest's ``files``, from the ranks' tables: every file of ``listing`` hashed,
+    nothing else, and at the size it was listed with (else a file changed during the save)."""
+    files: dict[str, dict[str, Any]] = {}
+    problems = []
+    for table in tables:
+        for name, entry in table.items():
+            if name in files and files[name] != dict(entry):
+                problems.append(f"{name}: hashed twice with different results")
+            files[name] = dict(entry)
+    problems += [f"{name}: not hashed by any rank" for name in listing if name not in files]
+    problems += [f"{name}: hashed but not in the checkpoint" for name in files if name not in listing]
+    problems += [
+        f"{name}: {files[name]['size']} bytes hashed, {size} listed" for name, size in listing.items() if name in files and files[name]["size"] != size
+    ]
+    if problems:
+        raise RuntimeError("checkpoint files changed while they were being committed:\n  " + "\n  ".join(problems[:8]))
+    return {name: files[name] for name in sorted(files)}
+
+
+class _FileEntry(BaseModel):
+    size: StrictInt = Field(ge=0)
+    sha256: StrictStr = Field(pattern="^[0-9a-f]{64}$")
+
+
+class _Manifest(BaseModel):
+    """The keys acc-train reads from a manifest, by type; other keys are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    files: dict[StrictStr, _FileEntry]
+    format: StrictStr | None = None
+    portable: StrictStr | None = None
+    step: StrictInt | None = Field(None, ge=0)
+    epoch: StrictInt | None = Field(None, ge=0)
+    samples_in_epoch: StrictInt | None = Field(None, ge=0)
+    world_size: StrictInt | None = Field(None, ge=1)
+    model: dict[StrictStr, Any] | None = None
+    data: dict[StrictStr, Any] | None = None
+
+
+def _bad_manifest(manifest_path: Path, what: str) -> UserError:
+    return UserError(
+        f"{MANIFEST} is not a valid manifest: {what}",
+        where=str(manifest_path),
+        hint="the manifest was changed or damaged after the checkpoint was written; resume from another checkpoint",
+    )
+
+
+def _validate(raw: Any, manifest_path: Path) -> dict[str, Any]:
+    """``raw`` if it has a manifest's structure, else a UserError naming the first bad key."""
+    if not isinstance(raw, dict):
+        raise _bad_manifest(manifest_path, f"a JSON {type(raw).__name__}, not an object")
+    try:
+        _Manifest.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = "".join(f"[{part!r}]" for part in err["loc"])
+        raise _bad_manifest(manifest_path, f"key {key}: {err['msg']}") from None
+    for name in raw["files"]:
+        if not name or name.startswith("/") or ".." in Path(name).parts:
+            raise _bad_manifest(manifest_path, f"key ['files'][{name!r}]: not a relative path inside the checkpoint")
+    return raw
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of checkpoint ``path``, its structure checked (UserError naming the file
+    and the bad key otherwise). Checks no file against it."""
     manifest_path = path / MANIFEST
     if not path.is_dir():
         raise UserError(f"{str(path)!r} is not a directory", where=str(path), hint="pass a checkpoint directory (checkpoints/step-NNNNNN)")
@@ -66,21 +235,41 @@ def verify_checkpoint(path: Path, hashes: bool = True) -> dict[str, Any]:
             hint = "pass a checkpoint directory (OUTPUT_DIR/checkpoints/step-NNNNNN) or an output directory"
         raise UserError(f"{str(path)!r} is not a complete checkpoint (no {MANIFEST})", where=str(path), hint=hint)
     try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{MANIFEST} is not a valid manifest ({exc})", where=str(manifest_path)) from None
+        raw = json.loads(manifest_path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _bad_manifest(manifest_path, f"not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise _bad_manifest(manifest_path, f"not JSON ({exc.msg}, line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise _bad_manifest(manifest_path, "JSON nested too deeply") from None
+    except OSError as exc:
+        raise UserError(f"{MANIFEST} cannot be read: {exc.strerror or exc}", where=str(manifest_path)) from None
+    return _validate(raw, manifest_path)
+
+
+def find_problems(path: Path, manifest: Mapping[str, Any], hashes: bool | Collection[str] = True) -> list[str]:
+    """How checkpoint ``path``'s files differ from ``manifest``: a listed file missing or of
+    another size, a file not listed, and (for every file, none, or the named ones, by
+    ``hashes``) content of another sha256."""
+    files: Mapping[str, Mapping[str, Any]] = manifest["files"]
     problems = []
     for name, want in files.items():
         f = path / name
-        if not f.is_file():
-            problems.append(f"{name}: missing")
-        elif f.stat().st_size != want["size"]:
-            problems.append(f"{name}: {f.stat().st_size} bytes, the manifest says {want['size']}")
-        elif hashes and sha256(f) != want["sha256"]:
-            problems.append(f"{name}: content differs from the manifest (sha256)")
-    extra = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and p.name != MANIFEST and str(p.relative_to(path)) not in files)
-    problems += [f"{name}: not in the manifest" for name in extra]
+        try:
+            if not f.is_file():
+                problems.append(f"{name}: missing")
+            elif f.stat().st_size != want["size"]:
+                problems.append(f"{name}: {f.stat().st_size} bytes, the manifest says {want['size']}")
+            elif (hashes is True or (hashes is not False and name in hashes)) and sha256(f) != want["sha256"]:
+                problems.append(f"{name}: content differs from the manifest (sha256)")
+        except OSError as exc:
+            problems.append(f"{name}: cannot be read ({exc.strerror or exc})")
+    problems += [f"{name}: not in the manifest" for name in list_files(path) if name not in files]
+    return problems
+
+
+def raise_problems(path: Path, problems: list[str]) -> None:
+    """Refuse checkpoint ``path`` if ``problems`` (from :func:`find_problems`) has any."""
     if problems:
         shown = problems[:8] + ([f"... and {len(problems) - 8} more"] if len(problems) > 8 else [])
         raise UserError(
@@ -88,6 +277,16 @@ def verify_checkpoint(path: Path, hashes: bool = True) -> dict[str, Any]:
             where=str(path),
             hint="the checkpoint was changed or damaged after it was written; resume from another one",
         )
+
+
+def verify_checkpoint(path: Path, hashes: bool | Collection[str] = True) -> dict[str, Any]:
+    """Read ``path``'s manifest and check every file against it (size, and sha256 of every
+    file, none, or the named ones, by ``hashes``), and that no file was added. Returns the
+    manifest; raises :class:`UserError` naming what is wrong. Nothing is loaded before this
+    passes, so a planted or edited file is never read. (A resuming worker hashes only its
+    share: :meth:`~acc_train.checkpoint.manager.CheckpointManager.check`.)"""
+    manifest = read_manifest(path)
+    raise_problems(path, find_problems(path, manifest, hashes))
     return manifest
 
 

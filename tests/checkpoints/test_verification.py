@@ -1,0 +1,231 @@
+"""Checkpoint verification that scales: which rank hashes which file, how the ranks' tables
+merge into a manifest, what a rank hashes on resume, and manifests of the wrong structure
+refused with a UserError naming the file and the key. In one process; no launches."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from acc_train import UserError
+from acc_train.checkpoint.manifest import (
+    MANIFEST,
+    assign_files,
+    file_table,
+    find_problems,
+    hash_files,
+    hash_rank_files,
+    hash_share,
+    list_files,
+    merge_tables,
+    read_manifest,
+    verify_checkpoint,
+    write_json,
+    writer_rank,
+)
+
+SHA_A = hashlib.sha256(b"a").hexdigest()
+
+
+def make_checkpoint(root: Path, files: dict[str, bytes]) -> Path:
+    """A checkpoint directory with ``files`` and a manifest listing them, as today's save writes it."""
+    root.mkdir(parents=True)
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    write_json(root / MANIFEST, {"format": "dcp", "portable": "state", "step": 4, "world_size": 2, "files": file_table(root)})
+    return root
+
+
+# --- which rank hashes what ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "rank"),
+    [
+        ("rng-rank00000.json", 0),
+        ("rng-rank00001.safetensors", 1),
+        ("optimizer-rank00003.json", 3),
+        ("state/shard-00001-model-00001-of-00001.safetensors", 0),  # DCP: shard index = rank + 1
+        ("state/shard-00002-model-00001-of-00001.safetensors", 1),
+        ("trainer_state.json", None),
+        ("deepspeed/state/mp_rank_00_model_states.pt", None),
+        ("rank000001.bin", None),  # six digits: not the five acc-train writes
+    ],
+)
+def test_writer_rank_reads_the_rank_a_file_is_named_by(name: str, rank: int | None) -> None:
+    assert writer_rank(name) == rank
+
+
+def test_assign_files_gives_ranked_files_to_their_rank_and_spreads_the_rest_by_bytes() -> None:
+    sizes = {
+        "rng-rank00000.json": 10,
+        "rng-rank00001.json": 10,
+        "state/shard-00001-model-00001-of-00001.safetensors": 500,
+        "state/shard-00002-model-00001-of-00001.safetensors": 400,
+        "trainer_state.json": 50,
+        "model_config.json": 20,
+        "big.bin": 300,
+        "rng-rank00005.json": 10,  # a rank this world lacks: spread like the rest
+    }
+    shares = assign_files(sizes, 2)
+    assert sorted(n for share in shares for n in share) == sorted(sizes), "every file exactly once"
+    assert len({n for share in shares for n in share}) == len(sizes)
+    assert {"rng-rank00000.json", "state/shard-00001-model-00001-of-00001.safetensors"} <= set(shares[0])
+    assert {"rng-rank00001.json", "state/shard-00002-model-00001-of-00001.safetensors"} <= set(shares[1])
+    assert "big.bin" in shares[1]  # rank 1 held fewer bytes
+    load = [sum(sizes[n] for n in share) for share in shares]
+    assert abs(load[0] - load[1]) <= 300
+    assert assign_files(dict(reversed(sizes.items())), 2) == shares, "the same on every rank, whatever the order"
+
+
+def test_assign_files_on_one_rank_hashes_everything() -> None:
+    assert [sorted(share) for share in assign_files({"a": 1, "rng-rank00003.json": 2}, 1)] == [["a", "rng-rank00003.json"]]
+
+
+# --- the ranks' tables merged into the manifest -------------------------------------------
+
+
+def test_rank_tables_merge_into_the_same_table_one_process_writes(tmp_path: Path) -> None:
+    ckpt = tmp_path / "staging"
+    for name, data in {"rng-rank00000.json": b"0", "rng-rank00001.json": b"11", "state/a.safetensors": b"x" * 5000, "t.json": b"{}"}.items():
+        (ckpt / name).parent.mkdir(parents=True, exist_ok=True)
+        (ckpt / name).write_bytes(data)
+    listing = list_files(ckpt)
+    tables = [hash_files(ckpt, share) for share in assign_files(listing, 2)]
+    assert all(tables)
+    assert merge_tables(tables, listing) == file_table(ckpt)
+    assert list(merge_tables(reversed(tables), listing)) == sorted(listing)
+
+
+def test_merge_refuses_a_file_no_rank_hashed_or_one_that_changed(tmp_path: Path) -> None:
+    listing = {"a": 1, "b": 1}
+    with pytest.raises(RuntimeError, match="b: not hashed by any rank"):
+        merge_tables([{"a": {"size": 1, "sha256": SHA_A}}], listing)
+    with pytest.raises(RuntimeError, match="a: 1 bytes hashed, 2 listed"):
+        merge_tables([{"a": {"size": 1, "sha256": SHA_A}}], {"a": 2})
+    with pytest.raises(RuntimeError, match="c: hashed but not in the checkpoint"):
+        merge_tables([{"a": {"size": 1, "sha256": SHA_A}, "c": {"size": 1, "sha256": SHA_A}}], {"a": 1})
+    with pytest.raises(RuntimeError, match="a: hashed twice with different results"):
+        merge_tables([{"a": {"size": 1, "sha256": SHA_A}}, {"a": {"size": 1, "sha256": "0" * 64}}], {"a": 1})
+
+
+def test_a_file_hashed_right_after_writing_is_hashed_again_if_it_changed(tmp_path: Path) -> None:
+    (tmp_path / "rng-rank00001.json").write_bytes(b"first")
+    (tmp_path / "rng-rank00000.json").write_bytes(b"rank 0's")
+    early = hash_rank_files(tmp_path, 1)
+    assert list(early) == ["rng-rank00001.json"], "only the files named by this rank"
+    assert hash_share(tmp_path, ["rng-rank00001.json"], early) == hash_files(tmp_path, ["rng-rank00001.json"])
+    (tmp_path / "rng-rank00001.json").write_bytes(b"second, longer")  # e.g. another writer finished it later
+    assert hash_share(tmp_path, ["rng-rank00001.json"], early) == hash_files(tmp_path, ["rng-rank00001.json"])
+    assert hash_share(tmp_path, ["rng-rank00001.json"], early)["rng-rank00001.json"]["size"] == len(b"second, longer")
+
+
+# --- what each rank checks on resume ------------------------------------------------------
+
+
+def test_each_rank_hashes_only_its_share_and_together_they_hash_every_file(tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "step-000004", {"rng-rank00000.json": b"0", "rng-rank00001.json": b"1", "state/s.safetensors": b"s" * 100})
+    (ckpt / "rng-rank00001.json").write_bytes(b"2")  # same size, other content
+    manifest = read_manifest(ckpt)
+    sizes = {n: e["size"] for n, e in manifest["files"].items()}
+    shares = assign_files(sizes, 2)
+    found = [find_problems(ckpt, manifest, hashes=set(share)) for share in shares]
+    assert found[0] == [], "rank 0 does not hash rank 1's file"
+    assert found[1] == ["rng-rank00001.json: content differs from the manifest (sha256)"]
+    assert find_problems(ckpt, manifest, hashes=False) == [], "sizes alone do not see it"
+    with pytest.raises(UserError, match="rng-rank00001.json: content differs"):
+        verify_checkpoint(ckpt)  # one process (checkpoint inspect) hashes everything
+
+
+def test_every_rank_checks_sizes_and_unlisted_files_whatever_its_share(tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "step-000004", {"a.bin": b"aa", "b.bin": b"bb"})
+    (ckpt / "a.bin").write_bytes(b"a")
+    (ckpt / "planted.bin").write_bytes(b"x")
+    (ckpt / "state").mkdir()
+    (ckpt / "state" / MANIFEST).write_text("{}")  # only the top-level manifest is exempt
+    problems = find_problems(ckpt, read_manifest(ckpt), hashes=set())
+    assert problems == ["a.bin: 1 bytes, the manifest says 2", "planted.bin: not in the manifest", f"state/{MANIFEST}: not in the manifest"]
+
+
+def test_a_manifest_written_before_this_change_still_verifies(tmp_path: Path) -> None:
+    ckpt = tmp_path / "step-000002"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text('{"step": 2}')
+    old = {  # as main's file_table wrote it: every file, {size, sha256}, keys sorted by path
+        "format": "dcp", "portable": "state", "step": 2, "epoch": 0, "samples_in_epoch": 8, "world_size": 2,
+        "strategy": "ddp", "data": {"seed": 42}, "model": {"model_type": "llama", "config_sha256": "ab"},
+        "files": {"trainer_state.json": {"size": 11, "sha256": hashlib.sha256(b'{"step": 2}').hexdigest()}},
+    }  # fmt: skip
+    (ckpt / MANIFEST).write_text(json.dumps(old, indent=1))
+    assert verify_checkpoint(ckpt) == old
+
+
+# --- manifests of the wrong structure -----------------------------------------------------
+
+GOOD_ENTRY = {"size": 1, "sha256": SHA_A}
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        (b"[1, 2]", "a JSON list, not an object"),
+        (b'"files"', "a JSON str, not an object"),
+        (b"{}", "key ['files']: Field required"),
+        (b'{"files": ["a"]}', "key ['files']: Input should be a valid dictionary"),
+        (b'{"files": {"a": 3}}', "key ['files']['a']: Input should be a valid dictionary"),
+        (b'{"files": {"a": "x"}}', "key ['files']['a']"),
+        (b'{"files": {"a": {"size": "1", "sha256": "%s"}}}' % SHA_A.encode(), "key ['files']['a']['size']: Input should be a valid integer"),
+        (b'{"files": {"a": {"size": -1, "sha256": "%s"}}}' % SHA_A.encode(), "key ['files']['a']['size']"),
+        (b'{"files": {"a": {"size": 1}}}', "key ['files']['a']['sha256']: Field required"),
+        (b'{"files": {"a": {"size": 1, "sha256": 5}}}', "key ['files']['a']['sha256']"),
+        (b'{"files": {"a": {"size": 1, "sha256": "nothex"}}}', "key ['files']['a']['sha256']"),
+        (b'{"files": {"a": {"size": NaN, "sha256": "%s"}}}' % SHA_A.encode(), "key ['files']['a']['size']"),
+        (b'{"files": {}, "world_size": "2"}', "key ['world_size']: Input should be a valid integer"),
+        (b'{"files": {}, "world_size": 0}', "key ['world_size']"),
+        (b'{"files": {}, "world_size": true}', "key ['world_size']"),
+        (b'{"files": {}, "step": 1.5}', "key ['step']"),
+        (b'{"files": {}, "step": [3]}', "key ['step']"),
+        (b'{"files": {}, "format": 7}', "key ['format']"),
+        (b'{"files": {}, "portable": ["state"]}', "key ['portable']"),
+        (b'{"files": {}, "data": [1]}', "key ['data']"),
+        (b'{"files": {}, "model": "llama"}', "key ['model']"),
+        (b'{"files": {"../outside": {"size": 1, "sha256": "%s"}}}' % SHA_A.encode(), "key ['files']['../outside']: not a relative path"),
+        (b'{"files": {"/etc/passwd": {"size": 1, "sha256": "%s"}}}' % SHA_A.encode(), "key ['files']['/etc/passwd']"),
+        (b"\xff\xfe{}", "not UTF-8 text (byte 0)"),
+        (b'{"files": {', "not JSON (Expecting property name enclosed in double quotes, line 1, column 12)"),
+        (b"[" * 100_000 + b"]" * 100_000, "manifest"),  # too deep for the JSON reader
+        (b"", "not JSON"),
+    ],
+)
+def test_a_manifest_of_the_wrong_structure_is_a_user_error_naming_the_file_and_key(tmp_path: Path, content: bytes, named: str) -> None:
+    ckpt = tmp_path / "step-000001"
+    ckpt.mkdir()
+    (ckpt / MANIFEST).write_bytes(content)
+    with pytest.raises(UserError) as info:
+        verify_checkpoint(ckpt)
+    assert named in str(info.value)
+    assert info.value.where == str(ckpt / MANIFEST)
+
+
+def test_a_valid_manifest_keeps_its_other_keys(tmp_path: Path) -> None:
+    ckpt = tmp_path / "c"
+    ckpt.mkdir()
+    (ckpt / "a").write_bytes(b"a")
+    doc = {"files": {"a": GOOD_ENTRY}, "versions": {"torch": "2.13"}, "strategy_options": None, "step": 0, "world_size": 1}
+    (ckpt / MANIFEST).write_text(json.dumps(doc))
+    assert verify_checkpoint(ckpt) == doc
+
+
+def test_a_manifest_that_cannot_be_read_is_a_user_error(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file")
+    ckpt = tmp_path / "c"
+    ckpt.mkdir()
+    (ckpt / MANIFEST).write_text("{}")
+    (ckpt / MANIFEST).chmod(0)
+    with pytest.raises(UserError, match="cannot be read"):
+        verify_checkpoint(ckpt)
