@@ -7,10 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from acc_train import UserError
+from acc_train.accelerator import ENV_TIMEOUT, collective_timeout_handler
+from acc_train.config import LaunchConfig
 from acc_train.checkpoint.manifest import (
     MANIFEST,
     assign_files,
@@ -26,6 +30,9 @@ from acc_train.checkpoint.manifest import (
     write_json,
     writer_rank,
 )
+from pydantic import ValidationError
+
+from tests.conftest import run_cli
 
 SHA_A = hashlib.sha256(b"a").hexdigest()
 
@@ -229,3 +236,44 @@ def test_a_manifest_that_cannot_be_read_is_a_user_error(tmp_path: Path) -> None:
     (ckpt / MANIFEST).chmod(0)
     with pytest.raises(UserError, match="cannot be read"):
         verify_checkpoint(ckpt)
+
+
+# --- the collective timeout the ranks' hashing runs under ---------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("inf"), float("nan"), "soon", 8 * 24 * 3600])
+def test_launch_timeout_is_a_positive_finite_number_of_seconds(bad: object) -> None:
+    with pytest.raises(ValidationError, match="timeout"):
+        LaunchConfig(timeout=bad)
+    assert LaunchConfig().timeout == 1800
+
+
+def test_the_job_or_the_launcher_names_the_timeout_accelerate_gets(monkeypatch: pytest.MonkeyPatch) -> None:
+    job = SimpleNamespace(config=SimpleNamespace(launch=LaunchConfig(timeout=90)))
+    assert collective_timeout_handler(job).timeout.total_seconds() == 90
+    monkeypatch.delenv(ENV_TIMEOUT, raising=False)
+    assert collective_timeout_handler(None) is None, "outside acc-train: Accelerate's own default"
+    monkeypatch.setenv(ENV_TIMEOUT, "600")
+    handler = collective_timeout_handler(None)
+    assert handler.to_kwargs()["timeout"].total_seconds() == pytest.approx(600, abs=0.01), "not dropped as Accelerate's default"
+
+
+@pytest.mark.launch
+def test_launch_timeout_reaches_the_process_group(tmp_path: Path) -> None:
+    script = tmp_path / "timeout_script.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, torch, torch.distributed as dist
+            from acc_train import Accelerator
+
+            acc = Accelerator()
+            seconds = dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+            with open(os.path.join(os.environ["OUT_DIR"], f"rank{acc.process_index}.txt"), "w") as f:
+                f.write(str(seconds))
+            """
+        )
+    )
+    proc = run_cli("--set", "launch.timeout=1234", "launch", "--num-processes", "2", str(script), env={"OUT_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [float((tmp_path / f"rank{r}.txt").read_text()) for r in (0, 1)] == [1234.0, 1234.0]
