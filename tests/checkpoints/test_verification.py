@@ -15,21 +15,19 @@ import pytest
 from acc_train import UserError
 from acc_train.accelerator import ENV_TIMEOUT, collective_timeout_handler
 from acc_train.config import LaunchConfig
-from acc_train.checkpoint.manifest import (
+from acc_train.checkpoint.hashing import (
     MANIFEST,
+    StreamHashes,
     assign_files,
     file_table,
-    find_problems,
     hash_files,
     hash_rank_files,
-    hash_share,
     list_files,
     merge_tables,
-    read_manifest,
-    verify_checkpoint,
-    write_json,
+    unchanged,
     writer_rank,
 )
+from acc_train.checkpoint.manifest import find_problems, read_manifest, verify_checkpoint, write_json
 from pydantic import ValidationError
 
 from tests.conftest import run_cli
@@ -123,12 +121,48 @@ def test_merge_refuses_a_file_no_rank_hashed_or_one_that_changed(tmp_path: Path)
 def test_a_file_hashed_right_after_writing_is_hashed_again_if_it_changed(tmp_path: Path) -> None:
     (tmp_path / "rng-rank00001.json").write_bytes(b"first")
     (tmp_path / "rng-rank00000.json").write_bytes(b"rank 0's")
-    early = hash_rank_files(tmp_path, 1)
-    assert list(early) == ["rng-rank00001.json"], "only the files named by this rank"
-    assert hash_share(tmp_path, ["rng-rank00001.json"], early) == hash_files(tmp_path, ["rng-rank00001.json"])
+    (tmp_path / "rng-rank00001.safetensors").write_bytes(b"streamed")
+    early = hash_rank_files(tmp_path, 1, skip={"rng-rank00001.safetensors"})
+    assert list(early) == ["rng-rank00001.json"], "only the files named by this rank, less those it has"
+    listing = list_files(tmp_path)
+    assert unchanged(tmp_path, early, listing) == hash_files(tmp_path, ["rng-rank00001.json"])
+    assert unchanged(tmp_path, early, {}) == {}, "a file not in the listing is not kept"
     (tmp_path / "rng-rank00001.json").write_bytes(b"second, longer")  # e.g. another writer finished it later
-    assert hash_share(tmp_path, ["rng-rank00001.json"], early) == hash_files(tmp_path, ["rng-rank00001.json"])
-    assert hash_share(tmp_path, ["rng-rank00001.json"], early)["rng-rank00001.json"]["size"] == len(b"second, longer")
+    assert unchanged(tmp_path, early, listing) == {}, "changed since: hashed again with the rest"
+
+
+def test_stream_hashes_hash_what_dcp_writes_as_it_is_written(tmp_path: Path) -> None:
+    import torch
+    from acc_train.checkpoint.portable import write_portable_state
+
+    outside = StreamHashes.wrap_active(object())
+    assert type(outside) is object, "no recording, no wrapping"
+    with StreamHashes.recording(tmp_path) as streamed:
+        write_portable_state(tmp_path, {"w": torch.arange(1000.0)}, {"w": {"exp_avg": torch.ones(1000)}})
+    written = {n: s for n, s in list_files(tmp_path).items() if n.endswith(".safetensors")}
+    assert written, list_files(tmp_path)
+    assert unchanged(tmp_path, streamed.entries, written) == hash_files(tmp_path, written)
+
+
+def test_a_stream_that_seeks_or_fails_records_nothing(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    with StreamHashes.recording(tmp_path) as streamed:
+        fs = StreamHashes.wrap_active(FileSystem())
+    with fs.create_stream(tmp_path / "plain.bin", "wb") as stream:
+        stream.write(b"head")
+        stream.write(memoryview(bytearray(b"-tail")))
+        assert stream.tell() == 9
+    with fs.create_stream(tmp_path / "seeks.bin", "wb") as stream:
+        stream.write(b"xxxx")
+        stream.seek(0)
+        stream.write(b"y")
+    with pytest.raises(ValueError, match="boom"), fs.create_stream(tmp_path / "fails.bin", "wb") as stream:
+        stream.write(b"part")
+        raise ValueError("boom")
+    with fs.create_stream(tmp_path / "plain.bin", "rb") as stream:
+        assert stream.read() == b"head-tail"
+    assert {name: entry for name, (_, entry) in streamed.entries.items()} == hash_files(tmp_path, ["plain.bin"])
 
 
 # --- what each rank checks on resume ------------------------------------------------------

@@ -32,20 +32,18 @@ from typing import TYPE_CHECKING, Any
 from acc_train.checkpoint.faults import fault_point
 from acc_train.checkpoint.format import CheckpointFormat
 from acc_train.checkpoint.layout import LATEST, STAGING_PREFIX, step_dir_name
-from acc_train.checkpoint.manifest import (
+from acc_train.checkpoint.hashing import (
     MANIFEST,
     EarlyHashes,
+    StreamHashes,
     assign_files,
-    check_same_model,
-    find_problems,
+    hash_files,
     hash_rank_files,
-    hash_share,
     list_files,
     merge_tables,
-    raise_problems,
-    read_manifest,
-    write_json,
+    unchanged,
 )
+from acc_train.checkpoint.manifest import check_same_model, find_problems, raise_problems, read_manifest, write_json
 from acc_train.checkpoint.portable import PORTABLE_DIR
 from acc_train.checkpoint.rng import capture_rng, restore_rng
 from acc_train.errors import UserError
@@ -139,7 +137,7 @@ class CheckpointManager:
         self.on_commit = on_commit
         #: seconds the training loop was blocked by each save
         self.blocked_s: list[float] = []
-        self._pending: tuple[Any, TrainerState, Path] | None = None
+        self._pending: tuple[Any, TrainerState, Path, StreamHashes] | None = None
         self._group: Any = None
         if accelerator.is_main_process and self.root.is_dir():
             for stale in self.root.glob(f"{STAGING_PREFIX}*"):  # left by a save that was killed
@@ -166,11 +164,12 @@ class CheckpointManager:
         staging.mkdir(parents=True, exist_ok=True)  # machines without a shared filesystem
         fault_point("save-start", state.step)
         future = None
-        if self.async_save:
-            future = self.fmt.save_async(acc, model, optimizer, staging, self._async_group())
-        else:
-            self.fmt.save(acc, model, optimizer, staging)
-            fault_point("save-state-written", state.step)
+        with StreamHashes.recording(staging) as streamed:  # the portable state is hashed as it is written
+            if self.async_save:
+                future = self.fmt.save_async(acc, model, optimizer, staging, self._async_group())
+            else:
+                self.fmt.save(acc, model, optimizer, staging)
+                fault_point("save-state-written", state.step)
         rank = acc.process_index
         rng_json, rng_tensors = capture_rng()
         write_json(staging / f"rng-rank{rank:05d}.json", rng_json)
@@ -183,10 +182,10 @@ class CheckpointManager:
             if self.model_config is not None:
                 write_json(staging / "model_config.json", self.model_config)
         self.blocked_s.append(time.perf_counter() - started)
-        if future is not None:  # the background writer's files are hashed once it is done
-            self._pending = (future, copy.copy(state), staging)
+        if future is not None:  # the background writer's files are taken once it is done
+            self._pending = (future, copy.copy(state), staging, streamed)
             return
-        self._commit(staging, state, hash_rank_files(staging, acc.process_index))
+        self._commit(staging, state, {**streamed.entries, **hash_rank_files(staging, acc.process_index, skip=streamed.entries)})
 
     def finish(self) -> float:
         """Wait for an asynchronous save still being written, and commit it. Returns the
@@ -195,13 +194,13 @@ class CheckpointManager:
             return 0.0
         import time
 
-        future, state, staging = self._pending
+        future, state, staging, streamed = self._pending
         self._pending = None
         started = time.perf_counter()
         future.result()
         waited = time.perf_counter() - started
         fault_point("save-state-written", state.step)
-        self._commit(staging, state, {})
+        self._commit(staging, state, streamed.entries)
         return waited
 
     def _async_group(self) -> Any:
@@ -219,8 +218,10 @@ class CheckpointManager:
         final = self.root / name
         acc.wait_for_everyone()  # every rank's files are written: rank 0's listing is the checkpoint's
         listing = _from_rank0(list_files(staging) if acc.is_main_process else None)
-        share = assign_files(listing, acc.num_processes)[acc.process_index]
-        tables = _all_gather(hash_share(staging, share, early))
+        mine = unchanged(staging, early, listing)  # hashed while or right after this rank wrote them
+        held = {name for names in _all_gather(sorted(mine)) for name in names}
+        rest = {name: size for name, size in listing.items() if name not in held}
+        tables = _all_gather({**mine, **hash_files(staging, assign_files(rest, acc.num_processes)[acc.process_index])})
         if acc.is_main_process:
             files = merge_tables(tables, listing)
             manifest = {

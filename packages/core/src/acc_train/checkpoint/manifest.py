@@ -1,10 +1,10 @@
 """A checkpoint's manifest: written last, it lists every file with its size and sha256, the
 model's fingerprint and the library versions; nothing is loaded before the files match it.
 
-Hashing scales with the ranks: on save each rank hashes its share of the files (those it wrote,
-named by its rank, and an even share of the rest; :func:`assign_files`) and rank 0 only merges
-the tables (:func:`merge_tables`); on resume each rank hashes the same kind of share
-(:func:`find_problems`). One process alone (``checkpoint inspect``) hashes everything.
+Its structure is checked where it is read (:func:`read_manifest`): a manifest of the wrong
+shape is a UserError naming the file and the key. On resume each rank hashes its share of the
+files (:func:`find_problems` with :func:`~acc_train.checkpoint.hashing.assign_files`); one
+process alone (``checkpoint inspect``) hashes everything (:func:`verify_checkpoint`).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
+from acc_train.checkpoint.hashing import MANIFEST, file_table, hash_files, list_files, sha256
 from acc_train.errors import UserError
 
 __all__ = [
@@ -26,14 +26,7 @@ __all__ = [
     "write_json",
     "sha256",
     "hash_files",
-    "EarlyHashes",
-    "hash_rank_files",
-    "hash_share",
-    "list_files",
     "file_table",
-    "writer_rank",
-    "assign_files",
-    "merge_tables",
     "read_manifest",
     "find_problems",
     "raise_problems",
@@ -42,140 +35,12 @@ __all__ = [
     "check_same_model",
 ]
 
-MANIFEST = "manifest.json"
-
-#: names that say which rank wrote a file: acc-train's ``...-rank00001...`` files, and DCP's
-#: ``shard-00002-...`` (its shard index is the rank plus one)
-_RANK_NAMES = ((re.compile(r"rank(\d{5})(?!\d)"), 0), (re.compile(r"(?:^|/)shard-(\d{5})-"), 1))
-
 
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as JSON at ``path`` atomically (beside, then renamed)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
-
-
-def _hash_entry(path: Path) -> dict[str, Any]:
-    """``{size, sha256}`` of one file, the size being the bytes hashed (one read, 1 MiB chunks)."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            size += len(chunk)
-    return {"size": size, "sha256": h.hexdigest()}
-
-
-def sha256(path: Path) -> str:
-    """The sha256 of a file's content, read in 1 MiB chunks."""
-    return str(_hash_entry(path)["sha256"])
-
-
-def hash_files(directory: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """``{name: {size, sha256}}`` for the given files under ``directory``."""
-    return {name: _hash_entry(directory / name) for name in names}
-
-
-#: files a rank hashed right after writing them: name -> ((size, mtime_ns) when hashed, entry)
-EarlyHashes = dict[str, tuple[tuple[int, int], dict[str, Any]]]
-
-
-def _stamp(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_size, st.st_mtime_ns
-
-
-def hash_rank_files(directory: Path, rank: int) -> EarlyHashes:
-    """Hash the files named by ``rank`` (:func:`writer_rank`) right after its own writes, while
-    they are in the page cache; other ranks may still be writing theirs."""
-    out: EarlyHashes = {}
-    for name in list_files(directory):
-        if writer_rank(name) == rank:
-            before = _stamp(directory / name)
-            entry = _hash_entry(directory / name)
-            if _stamp(directory / name) == before:
-                out[name] = (before, entry)
-    return out
-
-
-def hash_share(directory: Path, names: Iterable[str], early: EarlyHashes) -> dict[str, dict[str, Any]]:
-    """``{name: {size, sha256}}`` for ``names``: from ``early`` where a file is unchanged since
-    it was hashed there, else hashed now."""
-    table = {}
-    for name in names:
-        hashed = early.get(name)
-        table[name] = hashed[1] if hashed is not None and hashed[0] == _stamp(directory / name) else _hash_entry(directory / name)
-    return table
-
-
-def list_files(directory: Path) -> dict[str, int]:
-    """Every file under ``directory`` (relative path -> size), the manifest itself excepted."""
-    out = {}
-    for p in sorted(directory.rglob("*")):
-        name = p.relative_to(directory).as_posix()
-        try:
-            if p.is_file() and name != MANIFEST:
-                out[name] = p.stat().st_size
-        except FileNotFoundError:  # removed since listed (another rank's temporary file)
-            continue
-    return out
-
-
-def file_table(directory: Path) -> dict[str, dict[str, Any]]:
-    """The manifest's ``files`` in one process: every file under ``directory`` by relative
-    path, with its size and sha256."""
-    return hash_files(directory, list_files(directory))
-
-
-def writer_rank(name: str) -> int | None:
-    """The rank whose name a file carries (the rank that writes and reads it), or None."""
-    for pattern, offset in _RANK_NAMES:
-        match = pattern.search(name)
-        if match:
-            return int(match.group(1)) - offset
-    return None
-
-
-def assign_files(sizes: Mapping[str, int], world_size: int) -> list[list[str]]:
-    """Which rank hashes which file, the same on every rank: a file named by a rank of this
-    world goes to that rank (it wrote it, or reads it back); the others are spread so every
-    rank hashes about as many bytes (largest first, to the least loaded)."""
-    shares: list[list[str]] = [[] for _ in range(world_size)]
-    load = [0] * world_size
-    rest = []
-    for name in sorted(sizes):
-        rank = writer_rank(name)
-        if rank is not None and 0 <= rank < world_size:
-            shares[rank].append(name)
-            load[rank] += sizes[name]
-        else:
-            rest.append(name)
-    for name in sorted(rest, key=lambda n: (-sizes[n], n)):
-        rank = min(range(world_size), key=lambda r: (load[r], r))
-        shares[rank].append(name)
-        load[rank] += sizes[name]
-    return shares
-
-
-def merge_tables(tables: Iterable[Mapping[str, Mapping[str, Any]]], listing: Mapping[str, int]) -> dict[str, dict[str, Any]]:
-    """The manifest's ``files``, from the ranks' tables: every file of ``listing`` hashed,
-    nothing else, and at the size it was listed with (else a file changed during the save)."""
-    files: dict[str, dict[str, Any]] = {}
-    problems = []
-    for table in tables:
-        for name, entry in table.items():
-            if name in files and files[name] != dict(entry):
-                problems.append(f"{name}: hashed twice with different results")
-            files[name] = dict(entry)
-    problems += [f"{name}: not hashed by any rank" for name in listing if name not in files]
-    problems += [f"{name}: hashed but not in the checkpoint" for name in files if name not in listing]
-    problems += [
-        f"{name}: {files[name]['size']} bytes hashed, {size} listed" for name, size in listing.items() if name in files and files[name]["size"] != size
-    ]
-    if problems:
-        raise RuntimeError("checkpoint files changed while they were being committed:\n  " + "\n  ".join(problems[:8]))
-    return {name: files[name] for name in sorted(files)}
 
 
 class _FileEntry(BaseModel):
