@@ -132,11 +132,14 @@ class _HashingStream:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
-    def write(self, data: Any) -> int:
+    def write(self, data: Any) -> Any:
         chunk = data if isinstance(data, bytes) else bytes(data)  # the writer may reuse its buffer
         self._size += len(chunk)
         self._pool.submit(self._sha.update, chunk)  # hashlib lets go of the GIL, as the write does
-        return int(self._stream.write(chunk))
+        written = self._stream.write(chunk)
+        if written is not None and written != len(chunk):  # a short write: the caller writes the rest again
+            self._sequential = False
+        return written
 
     def seek(self, *args: Any) -> int:
         self._sequential = False
