@@ -10,12 +10,14 @@ alternate which mode goes first; medians over all saves are reported.
 
 ``--verify``: a plain state of ``--gb`` GB (a stack of linear layers: fp32 weights and AdamW's
 two moments) saved ``--saves`` times on 2 gloo ranks by ``CheckpointManager`` in the ``dcp``
-format, once with the acc-train under ``--before`` (another checkout's ``packages/core/src``,
+format (all kept: ``--saves`` x ``--gb`` GB of disk per run), once with the acc-train under ``--before`` (another checkout's ``packages/core/src``,
 e.g. main's) and once with this checkout's, rounds alternating which goes first. Per save,
 rank 0 reports the **write** span (the format's ``save`` until every rank has returned from it:
 a barrier is added after it, the same on both sides) and the **verify** span (from there until
 the save returns: RNG and trainer-state files, hashing, the ranks' barriers, manifest
-assembly, rename and ``latest``), and verify / write.
+assembly, rename and ``latest``), and verify / write. Hashing done while the state is written
+(this checkout's ``StreamHashes``) is inside the write span: the last column, the whole save,
+shows what it costs there.
 
 Usage: python bench/bench_checkpoint.py [--strategies ddp fsdp] [--rounds 2] [--steps 8] [--every 2]
        python bench/bench_checkpoint.py --verify --before /work/main [--gb 1.0] [--saves 3] [--rounds 2]
@@ -89,7 +91,8 @@ def verify_worker(args: argparse.Namespace) -> None:
     optimizer.step()  # the moments exist, with random content
     for p in model.parameters():
         p.grad = None
-    manager = CheckpointManager(acc, Path(args.out), TimedDCP(), keep_last=1, manifest_extra={}, data_signature={}, seed=0)
+    # keep_last=None: deleting an old checkpoint (inside the commit) is not verification
+    manager = CheckpointManager(acc, Path(args.out), TimedDCP(), keep_last=None, manifest_extra={}, data_signature={}, seed=0)
     rows = []
     for i in range(args.saves):
         acc.wait_for_everyone()
@@ -136,13 +139,14 @@ def verify_bench(args: argparse.Namespace) -> None:
     print(f"sha256 at the end: {sha256_rate():.2f} GB/s on one core")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}")
     print(f"state: {data['bytes'] / 1e9:.2f} GB in {data['files']} files, 2 gloo ranks, format dcp, {args.saves} saves x {args.rounds} rounds per side")
-    print("side | saves | median write s | median verify s | median verify / write | verify / write of medians")
-    print("--- | --- | --- | --- | --- | ---")
+    print("side | saves | median write s | median verify s | median verify / write | verify / write of medians | median save s (write + verify)")
+    print("--- | --- | --- | --- | --- | --- | ---")
     for side, rows in results.items():
         write = statistics.median(row["write_s"] for row in rows)
         verify = statistics.median(row["verify_s"] for row in rows)
         ratio = statistics.median(row["verify_s"] / row["write_s"] for row in rows)
-        print(f"{side} ({revs[side]}) | {len(rows)} | {write:.2f} | {verify:.2f} | {ratio:.3f} | {verify / write:.3f}")
+        total = statistics.median(row["write_s"] + row["verify_s"] for row in rows)
+        print(f"{side} ({revs[side]}) | {len(rows)} | {write:.2f} | {verify:.2f} | {ratio:.3f} | {verify / write:.3f} | {total:.2f}")
 
 
 def main() -> None:

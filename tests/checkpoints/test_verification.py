@@ -311,3 +311,62 @@ def test_launch_timeout_reaches_the_process_group(tmp_path: Path) -> None:
     proc = run_cli("--set", "launch.timeout=1234", "launch", "--num-processes", "2", str(script), env={"OUT_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [float((tmp_path / f"rank{r}.txt").read_text()) for r in (0, 1)] == [1234.0, 1234.0]
+
+
+CHECK_SCRIPT = textwrap.dedent(
+    """
+    import json, os
+    from pathlib import Path
+    import torch
+    from acc_train import Accelerator, UserError
+    from acc_train.checkpoint import CheckpointManager, DCPFormat, TrainerState
+
+    class NoSchedule:
+        def state_dict(self):
+            return {}
+
+    acc = Accelerator()
+    out = Path(os.environ["OUT_DIR"])
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model.weight.grad = torch.ones_like(model.weight)
+    optimizer.step()
+    manager = CheckpointManager(acc, out / "run", DCPFormat(), keep_last=None, manifest_extra={}, data_signature={}, seed=0)
+    manager.save(model, optimizer, NoSchedule(), TrainerState(step=1))
+    path = out / "run" / "checkpoints" / "step-000001"
+    if acc.is_main_process:  # rank 1's own file, in rank 1's share only: same size, other content
+        f = path / "rng-rank00001.json"
+        data = f.read_bytes()
+        f.write_bytes(data[:-2] + (b"0" if data[-2:-1] != b"0" else b"1") + data[-1:])
+    acc.wait_for_everyone()
+    try:
+        manager.check(path, model)
+        outcome = "accepted"
+    except UserError as exc:
+        outcome = str(exc)
+    (out / f"rank{acc.process_index}.txt").write_text(outcome)
+    """
+)
+
+
+@pytest.mark.launch
+def test_every_rank_refuses_a_file_only_one_rank_hashed(tmp_path: Path) -> None:
+    """Saved by two ranks (the portable state hashed as it was written), the checkpoint verifies
+    in one process; a file edited in rank 1's share is refused by rank 0 too."""
+    script = tmp_path / "check_script.py"
+    script.write_text(CHECK_SCRIPT)
+    proc = run_cli("--strategy", "ddp", "launch", "--num-processes", "2", str(script), env={"OUT_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000001"
+    manifest = json.loads((ckpt / MANIFEST).read_text())
+    assert {"rng-rank00000.json", "rng-rank00001.json", "trainer_state.json"} <= set(manifest["files"])
+    assert any(name.startswith("state/shard-00002-") for name in manifest["files"]), manifest["files"]
+    outcomes = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    assert outcomes[0] == outcomes[1], outcomes
+    assert "rng-rank00001.json: content differs from the manifest (sha256)" in outcomes[0]
+    with pytest.raises(UserError, match="rng-rank00001.json: content differs"):
+        verify_checkpoint(ckpt)
+    (ckpt / "rng-rank00001.json").unlink()  # everything else is as saved: the one-process hashes agree
+    manifest["files"].pop("rng-rank00001.json")
+    (ckpt / MANIFEST).write_text(json.dumps(manifest))
+    assert verify_checkpoint(ckpt)["world_size"] == 2
