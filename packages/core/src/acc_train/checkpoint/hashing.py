@@ -27,6 +27,8 @@ __all__ = [
     "writer_rank",
     "assign_files",
     "merge_tables",
+    "from_every_rank",
+    "from_rank0",
 ]
 
 #: the manifest's file name: the one file of a checkpoint it does not list
@@ -242,3 +244,25 @@ def merge_tables(tables: Iterable[Mapping[str, Mapping[str, Any]]], listing: Map
     if problems:
         raise RuntimeError("checkpoint files changed while they were being committed:\n  " + "\n  ".join(problems[:8]))
     return {name: files[name] for name in sorted(files)}
+
+
+def from_every_rank(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``[obj]`` in one process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def from_rank0(obj: Any) -> Any:
+    """Rank 0's ``obj``, on every rank."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

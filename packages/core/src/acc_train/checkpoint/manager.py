@@ -37,6 +37,8 @@ from acc_train.checkpoint.hashing import (
     EarlyHashes,
     StreamHashes,
     assign_files,
+    from_every_rank,
+    from_rank0,
     hash_files,
     hash_rank_files,
     list_files,
@@ -52,28 +54,6 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
 __all__ = ["TrainerState", "CheckpointManager", "check_async_save"]
-
-
-def _all_gather(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, in rank order (``[obj]`` in one process)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _from_rank0(obj: Any) -> Any:
-    """Rank 0's ``obj``, on every rank."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 @dataclass
@@ -217,11 +197,11 @@ class CheckpointManager:
         name = step_dir_name(state.step)
         final = self.root / name
         acc.wait_for_everyone()  # every rank's files are written: rank 0's listing is the checkpoint's
-        listing = _from_rank0(list_files(staging) if acc.is_main_process else None)
+        listing = from_rank0(list_files(staging) if acc.is_main_process else None)
         mine = unchanged(staging, early, listing)  # hashed while or right after this rank wrote them
-        held = {name for names in _all_gather(sorted(mine)) for name in names}
+        held = {name for names in from_every_rank(sorted(mine)) for name in names}
         rest = {name: size for name, size in listing.items() if name not in held}
-        tables = _all_gather({**mine, **hash_files(staging, assign_files(rest, acc.num_processes)[acc.process_index])})
+        tables = from_every_rank({**mine, **hash_files(staging, assign_files(rest, acc.num_processes)[acc.process_index])})
         if acc.is_main_process:
             files = merge_tables(tables, listing)
             manifest = {
@@ -273,7 +253,7 @@ class CheckpointManager:
         manifest = read_manifest(path)
         sizes = {name: entry["size"] for name, entry in manifest["files"].items()}
         share = set(assign_files(sizes, acc.num_processes)[acc.process_index])
-        problems = _all_gather(find_problems(path, manifest, hashes=share))
+        problems = from_every_rank(find_problems(path, manifest, hashes=share))
         raise_problems(path, list(dict.fromkeys(p for found in problems for p in found)))
         if isinstance(self.manifest_extra.get("model"), dict):
             check_same_model(manifest, self.manifest_extra["model"], path)
