@@ -135,6 +135,7 @@ def launch(ctx: click.Context, script: str, script_args: tuple[str, ...], **para
     env = {
         "ACC_TRAIN_STRATEGY": json.dumps(strategy),
         "ACC_TRAIN_MIXED_PRECISION": job.config.training.mixed_precision,
+        "ACC_TRAIN_TIMEOUT": str(job.config.launch.timeout),
     }
     _run_workers(job.config.launch, ["-m", "acc_train.script_worker", script, *script_args], env)
 

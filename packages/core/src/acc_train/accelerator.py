@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from datetime import timedelta
 from typing import Any
 
 import accelerate
@@ -20,10 +21,12 @@ from acc_train.errors import UserError
 from acc_train.machine import current_machine, is_local_main_process, resolve_mixed_precision
 from acc_train.strategy import DEFAULT_STRATEGY, Strategy
 
-__all__ = ["Accelerator", "strategy_from_env", "ENV_STRATEGY"]
+__all__ = ["Accelerator", "strategy_from_env", "ENV_STRATEGY", "ENV_TIMEOUT", "collective_timeout_handler"]
 
 #: JSON ``{"name": ..., **options}`` set by the launcher for the workers.
 ENV_STRATEGY = "ACC_TRAIN_STRATEGY"
+#: ``launch.timeout`` in seconds, set by ``acc-train launch`` for a user's script.
+ENV_TIMEOUT = "ACC_TRAIN_TIMEOUT"
 
 
 def strategy_from_env() -> Strategy[Any]:
@@ -31,6 +34,18 @@ def strategy_from_env() -> Strategy[Any]:
     raw = json.loads(os.environ.get(ENV_STRATEGY) or "{}")
     name = raw.pop("name", DEFAULT_STRATEGY)
     return resolve_strategy(name, raw)
+
+
+def collective_timeout_handler(job: Any) -> accelerate.utils.InitProcessGroupKwargs | None:
+    """The process group's timeout: the job's ``launch.timeout``, or the one ``acc-train
+    launch`` passed a user's script; None (Accelerate's default) outside acc-train."""
+    seconds = job.config.launch.timeout if job is not None else os.environ.get(ENV_TIMEOUT)
+    if seconds is None:
+        return None
+    seconds = float(seconds)
+    if seconds == 600:  # Accelerate drops a value equal to its class default, leaving torch's (30 min on gloo)
+        seconds += 0.001
+    return accelerate.utils.InitProcessGroupKwargs(timeout=timedelta(seconds=seconds))
 
 
 def _merge_kwargs(base: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
@@ -71,6 +86,10 @@ class Accelerator(accelerate.Accelerator):
         machine = current_machine()
         strategy.check_environment(machine)
         merged = _merge_kwargs(strategy.accelerator_kwargs(job), kwargs)
+        timeout = collective_timeout_handler(job)
+        handlers = merged.get("kwargs_handlers") or []
+        if timeout is not None and not any(isinstance(h, accelerate.utils.InitProcessGroupKwargs) for h in handlers):
+            merged["kwargs_handlers"] = [*handlers, timeout]  # a script's own handler wins
         if machine.device_type == "cpu":
             merged["cpu"] = True
         if merged.get("mixed_precision") in (None, "auto"):

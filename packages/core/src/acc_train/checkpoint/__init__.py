@@ -6,6 +6,7 @@ One job per module:
 - :mod:`~acc_train.checkpoint.portable`: the portable state (DCP safetensors shards keyed by
   parameter name, resharded on load) and the pickle-free optimizer-state split
 - :mod:`~acc_train.checkpoint.manifest`: writing and verifying manifests, model fingerprints
+- :mod:`~acc_train.checkpoint.hashing`: hashing a checkpoint's files, shared by the ranks
 - :mod:`~acc_train.checkpoint.layout`: directory names, ``latest``, resolving ``--resume``
 - :mod:`~acc_train.checkpoint.rng`: every rank's random state
 - :mod:`~acc_train.checkpoint.manager`: ``CheckpointManager`` (save, commit, retain, check,

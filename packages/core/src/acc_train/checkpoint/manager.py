@@ -12,8 +12,11 @@ Layout::
         rng-rank00000.json   python/numpy RNG; torch RNG states in rng-rank00000.safetensors
         manifest.json        written last: a directory without it is never resumed from
 
-All ranks write into ``.staging-step-NNNNNN``; once every rank is done, rank 0 writes the
-manifest, renames the directory into place and only then moves ``latest``.
+All ranks write into ``.staging-step-NNNNNN``, and each hashes its share of the files (those
+named by its rank right after its own writes, while they are in the page cache; an even share of
+the rest once every rank is done); rank 0 merges the ranks' tables into the manifest, renames the
+directory into place and only then moves ``latest``. On resume each rank hashes its share again,
+and every rank refuses if any rank found a problem.
 """
 
 from __future__ import annotations
@@ -29,13 +32,20 @@ from typing import TYPE_CHECKING, Any
 from acc_train.checkpoint.faults import fault_point
 from acc_train.checkpoint.format import CheckpointFormat
 from acc_train.checkpoint.layout import LATEST, STAGING_PREFIX, step_dir_name
-from acc_train.checkpoint.manifest import (
+from acc_train.checkpoint.hashing import (
     MANIFEST,
-    check_same_model,
-    file_table,
-    verify_checkpoint,
-    write_json,
+    EarlyHashes,
+    StreamHashes,
+    assign_files,
+    from_every_rank,
+    from_rank0,
+    hash_files,
+    hash_rank_files,
+    list_files,
+    merge_tables,
+    unchanged,
 )
+from acc_train.checkpoint.manifest import check_same_model, find_problems, raise_problems, read_manifest, write_json
 from acc_train.checkpoint.portable import PORTABLE_DIR
 from acc_train.checkpoint.rng import capture_rng, restore_rng
 from acc_train.errors import UserError
@@ -114,7 +124,7 @@ class CheckpointManager:
         self._writes_done: list[float] = []  # when the pending asynchronous save's writes finished
         #: how :meth:`load` restored: "native" (the format's own files) or "portable" (another format's portable state)
         self.loaded_via: str | None = None
-        self._pending: tuple[Any, TrainerState, Path] | None = None
+        self._pending: tuple[Any, TrainerState, Path, StreamHashes] | None = None
         self._group: Any = None
         if accelerator.is_main_process and self.root.is_dir():
             for stale in self.root.glob(f"{STAGING_PREFIX}*"):  # left by a save that was killed
@@ -141,14 +151,15 @@ class CheckpointManager:
         staging.mkdir(parents=True, exist_ok=True)  # machines without a shared filesystem
         fault_point("save-start", state.step)
         future = None
-        if self.async_save:
-            future = self.fmt.save_async(acc, model, optimizer, staging, self._async_group())
-            self._handed_back, self._writes_done = time.perf_counter(), []
-            if hasattr(future, "add_done_callback"):
-                future.add_done_callback(lambda _f, done=self._writes_done: done.append(time.perf_counter()))
-        else:
-            self.fmt.save(acc, model, optimizer, staging)
-            fault_point("save-state-written", state.step)
+        with StreamHashes.recording(staging) as streamed:  # the portable state is hashed as it is written
+            if self.async_save:
+                future = self.fmt.save_async(acc, model, optimizer, staging, self._async_group())
+                self._handed_back, self._writes_done = time.perf_counter(), []
+                if hasattr(future, "add_done_callback"):
+                    future.add_done_callback(lambda _f, done=self._writes_done: done.append(time.perf_counter()))
+            else:
+                self.fmt.save(acc, model, optimizer, staging)
+                fault_point("save-state-written", state.step)
         rank = acc.process_index
         rng_json, rng_tensors = capture_rng()
         write_json(staging / f"rng-rank{rank:05d}.json", rng_json)
@@ -161,10 +172,10 @@ class CheckpointManager:
             if self.model_config is not None:
                 write_json(staging / "model_config.json", self.model_config)
         self.blocked_s.append(time.perf_counter() - started)
-        if future is not None:
-            self._pending = (future, copy.copy(state), staging)
+        if future is not None:  # the background writer's files are taken once it is done
+            self._pending = (future, copy.copy(state), staging, streamed)
             return
-        self._commit(staging, state)
+        self._commit(staging, state, {**streamed.entries, **hash_rank_files(staging, acc.process_index, skip=streamed.entries)})
 
     def finish(self) -> float:
         """Wait for an asynchronous save still being written, and commit it. Returns the
@@ -173,7 +184,7 @@ class CheckpointManager:
             return 0.0
         import time
 
-        future, state, staging = self._pending
+        future, state, staging, streamed = self._pending
         self._pending = None
         started = time.perf_counter()
         still_writing = hasattr(future, "done") and not future.done()
@@ -185,7 +196,7 @@ class CheckpointManager:
         self.overlap_s.append(max(0.0, ended - self._handed_back))
         waited = time.perf_counter() - started
         fault_point("save-state-written", state.step)
-        self._commit(staging, state)
+        self._commit(staging, state, streamed.entries)
         return waited
 
     def _async_group(self) -> Any:
@@ -197,13 +208,18 @@ class CheckpointManager:
             self._group = dist.new_group(backend="gloo")
         return self._group
 
-    def _commit(self, staging: Path, state: TrainerState) -> None:
+    def _commit(self, staging: Path, state: TrainerState, early: EarlyHashes) -> None:
         acc = self.accelerator
         name = step_dir_name(state.step)
         final = self.root / name
-        acc.wait_for_everyone()
+        acc.wait_for_everyone()  # every rank's files are written: rank 0's listing is the checkpoint's
+        listing = from_rank0(list_files(staging) if acc.is_main_process else None)
+        mine = unchanged(staging, early, listing)  # hashed while or right after this rank wrote them
+        held = {name for names in from_every_rank(sorted(mine)) for name in names}
+        rest = {name: size for name, size in listing.items() if name not in held}
+        tables = from_every_rank({**mine, **hash_files(staging, assign_files(rest, acc.num_processes)[acc.process_index])})
         if acc.is_main_process:
-            files = file_table(staging)
+            files = merge_tables(tables, listing)
             manifest = {
                 "format": self.fmt.name,
                 "portable": PORTABLE_DIR if self.fmt.writes_portable else None,
@@ -246,11 +262,18 @@ class CheckpointManager:
 
     def check(self, path: Path, model: Any) -> dict[str, Any]:
         """Everything that can refuse a resume, before anything is loaded: files against the
-        manifest, the model, the data order, the format. Returns the manifest."""
-        manifest = verify_checkpoint(path, hashes=self.accelerator.is_local_main_process)
+        manifest, the model, the data order, the format. Returns the manifest. Collective:
+        every rank checks sizes and hashes its share of the files, and every rank refuses
+        if any found a problem."""
+        acc = self.accelerator
+        manifest = read_manifest(path)
+        sizes = {name: entry["size"] for name, entry in manifest["files"].items()}
+        share = set(assign_files(sizes, acc.num_processes)[acc.process_index])
+        problems = from_every_rank(find_problems(path, manifest, hashes=share))
+        raise_problems(path, list(dict.fromkeys(p for found in problems for p in found)))
         if isinstance(self.manifest_extra.get("model"), dict):
             check_same_model(manifest, self.manifest_extra["model"], path)
-        written = manifest.get("data", {})
+        written = manifest.get("data") or {}
         changed = [f"{k}: checkpoint {written.get(k)!r}, this run {v!r}" for k, v in self.data_signature.items() if written.get(k) != v]
         if changed:
             raise UserError(

@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from acc_train.checkpoint.hashing import StreamHashes
 from acc_train.errors import UserError
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ def write_portable_state(
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
     writer = HuggingFaceStorageWriter(str(directory / PORTABLE_DIR), save_distributed=_distributed())
+    writer.fs = StreamHashes.wrap_active(writer.fs)  # a save in progress hashes the files as they are written
     state = {"model": model_state, "optim": {"state": optim_state}}
     with warnings.catch_warnings():  # one process: DCP says it assumes one process, which is right
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")

@@ -179,6 +179,9 @@ class LaunchConfig(Section):
     #: ``static`` (fixed machine ranks) or ``c10d`` (elastic rendezvous).
     rdzv_backend: Literal["static", "c10d"] = "static"
     max_restarts: NonNegativeCount = 0
+    #: Seconds a collective waits for the slowest rank before the run fails (the process
+    #: group's timeout): longer than any phase one rank runs while the others wait.
+    timeout: float = Field(1800.0, gt=0, le=7 * 24 * 3600, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> LaunchConfig:
