@@ -21,7 +21,7 @@ from pathlib import Path
 
 from acc_train.errors import UserError
 
-__all__ = ["check_creatable", "check_new_directory", "new_directory", "replace_file"]
+__all__ = ["check_creatable", "check_new_directory", "new_directory", "fresh_directory", "replace_file"]
 
 
 def _umask() -> int:
@@ -117,6 +117,14 @@ def new_directory(path: str, where: str) -> Iterator[Path]:
             except OSError:
                 break
         raise
+
+
+def fresh_directory(parent: Path, prefix: str) -> Path:
+    """A new, uniquely named directory in ``parent`` (``tempfile.mkdtemp``: never a name that
+    may already be the user's), with the permissions the umask gives, not mkdtemp's 0700."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(path, 0o777 & ~_umask())
+    return path
 
 
 def replace_file(path: Path, data: bytes) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,7 +247,9 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
         ax.spines[["top", "right"]].set_visible(False)
     if steps:
         ax_tps.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
-    tmp = target.with_name(target.name + ".tmp")
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)  # never a name the user may own
+    os.close(fd)
+    tmp = Path(name)
     try:
         fig.savefig(tmp, format="png")
     except (ValueError, OverflowError) as exc:  # matplotlib cannot place ticks for values near 1e308

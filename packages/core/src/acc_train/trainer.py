@@ -76,7 +76,8 @@ def check_output_dir(job: ResolvedJob) -> Path:
         if path is not None:
             from acc_train.model import model_config
 
-            check_same_model(verify_checkpoint(path), model_fingerprint(model_config(cfg)), path)
+            # sizes, structure and unlisted files here; the workers hash the content, each its share
+            check_same_model(verify_checkpoint(path, hashes=False), model_fingerprint(model_config(cfg)), path)
     return out
 
 
@@ -126,6 +127,7 @@ def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
     manager = setup.checkpoint_manager(job, accelerator, built, data)
     state, resumed_from = setup.resume(job, manager, prepared, data.max_steps)
     claim_output_dir(job, accelerator, config_file)
+    manager.discard_unfinished_saves()
 
     run = RunContext(
         job=job,

@@ -49,6 +49,7 @@ from acc_train.checkpoint.manifest import check_same_model, find_problems, raise
 from acc_train.checkpoint.portable import PORTABLE_DIR
 from acc_train.checkpoint.rng import capture_rng, restore_rng
 from acc_train.errors import UserError
+from acc_train.output_paths import replace_file
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -126,8 +127,12 @@ class CheckpointManager:
         self.loaded_via: str | None = None
         self._pending: tuple[Any, TrainerState, Path, StreamHashes] | None = None
         self._group: Any = None
-        if accelerator.is_main_process and self.root.is_dir():
-            for stale in self.root.glob(f"{STAGING_PREFIX}*"):  # left by a save that was killed
+
+    def discard_unfinished_saves(self) -> None:
+        """Remove the staging directories of saves that were killed (main process). Called once
+        the run has passed every check: a refused run changes nothing under its output dir."""
+        if self.accelerator.is_main_process and self.root.is_dir():
+            for stale in self.root.glob(f"{STAGING_PREFIX}*"):
                 shutil.rmtree(stale, ignore_errors=True)
 
     def save(self, model: Any, optimizer: Any, scheduler: Any, state: TrainerState) -> None:
@@ -240,9 +245,7 @@ class CheckpointManager:
                 os.replace(final, replaced)
             os.replace(staging, final)
             fault_point("save-before-pointer", state.step)
-            pointer_tmp = self.root / f"{LATEST}.tmp"
-            pointer_tmp.write_text(name + "\n")
-            os.replace(pointer_tmp, self.root / LATEST)
+            replace_file(self.root / LATEST, (name + "\n").encode())
             if replaced is not None:
                 shutil.rmtree(replaced, ignore_errors=True)
             self._retain(state.step)

@@ -10,6 +10,7 @@ from typing import Any
 
 from acc_train.checkpoint import TrainerState
 from acc_train.loop.loop import LoopResult
+from acc_train.output_paths import fresh_directory, replace_file
 from acc_train.run import RunContext
 
 __all__ = ["summarize", "write_run_json", "save_final", "peak_memory_bytes"]
@@ -99,9 +100,7 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
 def write_run_json(run: RunContext, summary: dict[str, Any]) -> None:
     """``run.json``, replaced atomically (main process)."""
     if run.accelerator.is_main_process:
-        tmp = run.output_dir / "run.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, run.output_dir / "run.json")
+        replace_file(run.output_dir / "run.json", json.dumps(summary, indent=2).encode())
 
 
 def save_final(run: RunContext, tokenizer: Any) -> None:
@@ -109,9 +108,7 @@ def save_final(run: RunContext, tokenizer: Any) -> None:
     accelerator, model, out = run.accelerator, run.model, run.output_dir
     state_dict = accelerator.acc_strategy.full_state_dict(accelerator, model)
     if accelerator.is_main_process:
-        tmp = out / ".final.tmp"
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        tmp = fresh_directory(out, ".final-")
         accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
