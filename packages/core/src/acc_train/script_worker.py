@@ -12,16 +12,14 @@ import sys
 
 
 def main() -> None:
-    from torch.distributed.elastic.multiprocessing.errors import record
-
     script, *args = sys.argv[1:]
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` does
 
     from acc_train.errors import UserError
-    from acc_train.worker import exit_finished_run, exit_with_user_error
+    from acc_train.worker import exit_finished_run, exit_with_user_error, record_errors
 
-    @record
+    @record_errors
     def run() -> None:
         try:
             runpy.run_path(script, run_name="__main__")

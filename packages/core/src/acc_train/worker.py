@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from acc_train.errors import EXIT_USER_ERROR, UserError
 
@@ -19,8 +21,6 @@ def main(argv: list[str] | None = None) -> None:
     from acc_train.machine import quiet_other_local_ranks
 
     quiet_other_local_ranks()  # before the libraries load: their warnings print once per machine
-    from torch.distributed.elastic.multiprocessing.errors import record
-
     from acc_train.checkpoint.faults import check_fault_env
     from acc_train.config import load_resolved
     from acc_train.trainer import restart_resumes, train
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
 
     hf_logging.disable_progress_bar()  # our own bar is the only one on screen
 
-    @record
+    @record_errors
     def run() -> None:
         try:
             check_fault_env()
@@ -74,11 +74,51 @@ def exit_finished_run() -> None:
     os._exit(0)
 
 
-def exit_with_user_error(exc: UserError) -> None:
-    """Put the message where the launching command reads it (the elastic error file), exit 2."""
+def _atomic_error_handler() -> Any:
+    """torch's elastic ``ErrorHandler``, writing the error file whole or not at all.
+
+    Its own opens the file and then writes it. When one rank dies, the agent stops the others
+    with SIGTERM, and a rank stopped between those two steps leaves an empty file, on which the
+    agent itself fails with a ``JSONDecodeError`` (the run ends in the agent's traceback instead
+    of a restart: seen once in a fresh-clone CI run of the restart test).
+    """
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-    handler = ErrorHandler()
+    class AtomicErrorHandler(ErrorHandler):
+        def record_exception(self, e: BaseException) -> None:
+            import json
+            import tempfile
+            import time
+            import traceback
+
+            file = self._get_error_file_path()
+            if not file:
+                return super().record_exception(e)
+            data = {
+                "message": {
+                    "message": f"{type(e).__name__}: {e}",
+                    "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))},
+                }
+            }
+            fd, tmp = tempfile.mkstemp(prefix=".error-", suffix=".json", dir=os.path.dirname(file) or ".")
+            with os.fdopen(fd, "w") as fp:
+                json.dump(data, fp)
+            os.replace(tmp, file)
+
+    return AtomicErrorHandler()
+
+
+def record_errors(fn: Callable[[], None]) -> Callable[[], None]:
+    """torch's ``@record`` (a failing rank's error and traceback reach the launching command),
+    with the error file written atomically."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(fn, error_handler=_atomic_error_handler())
+
+
+def exit_with_user_error(exc: UserError) -> None:
+    """Put the message where the launching command reads it (the elastic error file), exit 2."""
+    handler = _atomic_error_handler()
     handler.initialize()
     handler.record_exception(exc)
     sys.exit(EXIT_USER_ERROR)
