@@ -113,3 +113,20 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_resume_auto_on_a_run_without_checkpoints_is_refused_not_started_over(tmp_path: Path) -> None:
+    """A finished run whose checkpoints were deleted (to free disk): `--resume auto` would
+    retrain from step 0, empty metrics.jsonl and replace final/ and run.json."""
+    from tests.bad_input.harness import snapshot
+
+    out = tmp_path / "run"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "model.safetensors").write_bytes(b"weights")
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    (out / "run.json").write_text("{}")
+    before = snapshot(tmp_path)
+    result = run_cli("--output-dir", str(out), "--resume", "auto", "--max-steps", "2")
+    assert_user_error(result, "--resume")
+    assert "no complete checkpoint" in result.stderr and "--overwrite" in result.stderr, result.stderr
+    assert snapshot(tmp_path) == before

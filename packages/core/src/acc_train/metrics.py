@@ -97,7 +97,7 @@ def parse_line(line: str) -> MetricsRow | None:
     """The row on one line, or None for a line cut short by a crash or one without a step."""
     try:
         data = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("step"), int):
         return None

@@ -14,16 +14,24 @@ is rewritten after that, when training starts.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from acc_train.checkpoint import check_async_save, check_same_model, find_checkpoint, model_fingerprint, verify_checkpoint
+from acc_train.checkpoint import (
+    check_async_save,
+    check_same_model,
+    find_checkpoint,
+    model_fingerprint,
+    verify_checkpoint,
+)
+from acc_train.checkpoint.hashing import from_rank0
 from acc_train.errors import UserError
 from acc_train.loop import LoopInputs, finish, run_loop, setup
 from acc_train.metrics import METRICS_FILE
-from acc_train.output_paths import check_creatable, replace_file
+from acc_train.output_paths import check_creatable, fresh_directory, replace_file
 from acc_train.plugins import call_lifecycle, checkpoint_formats
 from acc_train.run import RunContext, reporting
 
@@ -73,6 +81,12 @@ def check_output_dir(job: ResolvedJob) -> Path:
         check_async_save(checkpoint_formats().get(job.strategy.checkpoint_format_name()))
     if cfg.resume:  # fail before launch on a bad --resume
         path = find_checkpoint(out, cfg.resume, warn=_warn)
+        if path is None and existing:  # auto, and nothing to resume: starting over would replace the run
+            raise UserError(
+                f"--resume {cfg.resume}: {str(out)!r} holds a run ({', '.join(existing)}) but no complete checkpoint to continue from",
+                where="--resume",
+                hint="pass --overwrite (without --resume) to start it over, or another --output-dir",
+            )
         if path is not None:
             from acc_train.model import model_config
 
@@ -90,15 +104,23 @@ def claim_output_dir(job: ResolvedJob, accelerator: Accelerator, config_file: st
     out = Path(cfg.output_dir)
     if accelerator.is_main_process:
         try:
-            if cfg.overwrite and not cfg.resume:  # (a restarted worker resumes: it never deletes)
+            aside = None
+            if cfg.overwrite and not cfg.resume and _previous_run(out):  # (a restarted worker resumes: it never deletes)
+                # moved aside whole first (renames: a failure leaves the old run in place), deleted last
+                aside = fresh_directory(out, ".replaced-run-")
                 for name in _previous_run(out):
-                    target = out / name
-                    shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+                    os.rename(out / name, aside / name)
             out.mkdir(parents=True, exist_ok=True)
             text = Path(config_file).read_bytes() if config_file else job.to_yaml().encode()
             replace_file(out / "config.yaml", text)
         except OSError as exc:
+            if aside is not None:  # put back what was moved
+                for moved in aside.iterdir():
+                    os.rename(moved, out / moved.name)
+                aside.rmdir()
             raise UserError(f"cannot write the run's files into {str(out)!r}: {exc}", where="--output-dir") from None
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
     accelerator.wait_for_everyone()
 
 
@@ -121,6 +143,9 @@ def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
     ``config_file`` is the resolved config the workers were started with; it becomes the run's
     ``config.yaml`` once every check has passed (:func:`claim_output_dir`)."""
     accelerator = setup.make_accelerator(job)
+    # rank 0's decision (a restarted worker's resume is decided per rank, from files that
+    # machines may see differently): every rank must take the same path into the collectives
+    job.config.resume = from_rank0(job.config.resume)
     data = setup.load_data(job, accelerator)
     built = setup.build_model(job, data)
     prepared = setup.prepare(job, accelerator, built, data)

@@ -16,7 +16,8 @@ from pathlib import Path
 from acc_train.checkpoint.manifest import MANIFEST
 from acc_train.errors import UserError
 
-__all__ = ["LATEST", "STAGING_PREFIX", "step_dir_name", "latest_checkpoint", "find_checkpoint", "resolve_checkpoint"]
+__all__ = [
+    "complete_steps","LATEST", "STAGING_PREFIX", "step_dir_name", "latest_checkpoint", "find_checkpoint", "resolve_checkpoint"]
 
 LATEST = "latest"
 STAGING_PREFIX = ".staging-"
@@ -37,6 +38,8 @@ def _manifest_unreadable(path: Path) -> str | None:
         return f"cannot be read ({exc.strerror or exc})"
     except ValueError:  # UnicodeDecodeError is a ValueError
         return "is not JSON"
+    except RecursionError:
+        return "nests too deeply to read"
     return None if isinstance(manifest, dict) else "is not a JSON object"
 
 
@@ -65,15 +68,23 @@ def _pointer(ckpt_root: Path) -> tuple[Path | None, str | None]:
     return ckpt_root / name, None
 
 
+def complete_steps(ckpt_root: Path) -> list[tuple[int, Path]]:
+    """The committed checkpoints (``step-NNNNNN`` with a manifest) as (step, path), in step
+    order: by number, not by name (``step-1000000`` sorts after ``step-999999``); a directory
+    whose name is not ``step-`` and ASCII digits (a user's ``step-000010.bak``) is not one."""
+    steps = []
+    for path in ckpt_root.glob("step-*"):
+        digits = path.name.removeprefix("step-")
+        if digits.isascii() and digits.isdigit() and (path / MANIFEST).is_file():
+            steps.append((int(digits), path))
+    return sorted(steps)
+
+
 def _newest_complete(ckpt_root: Path, problem: str, where: str) -> Path | None:
     """The ``step-*`` directory of the highest step that has a manifest (a directory without
     one is a save that did not finish). One whose manifest does not parse is refused, never
     passed over: a run resumed from an older one would delete it as abandoned."""
-    steps = []
-    for path in ckpt_root.glob("step-*"):
-        digits = path.name.removeprefix("step-")
-        if digits.isdigit() and (path / MANIFEST).is_file():
-            steps.append((int(digits), path))
+    steps = complete_steps(ckpt_root)
     if not steps:
         return None
     newest = max(steps)[1]

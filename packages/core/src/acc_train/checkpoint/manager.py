@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint.faults import fault_point
 from acc_train.checkpoint.format import CheckpointFormat
-from acc_train.checkpoint.layout import LATEST, STAGING_PREFIX, step_dir_name
 from acc_train.checkpoint.hashing import (
     MANIFEST,
     EarlyHashes,
@@ -45,7 +44,19 @@ from acc_train.checkpoint.hashing import (
     merge_tables,
     unchanged,
 )
-from acc_train.checkpoint.manifest import check_same_model, find_problems, raise_problems, read_manifest, write_json
+from acc_train.checkpoint.layout import (
+    LATEST,
+    STAGING_PREFIX,
+    complete_steps,
+    step_dir_name,
+)
+from acc_train.checkpoint.manifest import (
+    check_same_model,
+    find_problems,
+    raise_problems,
+    read_manifest,
+    write_json,
+)
 from acc_train.checkpoint.portable import PORTABLE_DIR
 from acc_train.checkpoint.rng import capture_rng, restore_rng
 from acc_train.errors import UserError
@@ -256,9 +267,9 @@ class CheckpointManager:
     def _retain(self, step: int) -> None:
         """Delete checkpoints beyond ``keep_last``, and those ahead of ``step``: they belong to
         the timeline a resume from an earlier checkpoint abandoned."""
-        complete = sorted(p for p in self.root.glob("step-*") if (p / MANIFEST).is_file())
-        ahead = [p for p in complete if int(p.name.removeprefix("step-")) > step]
-        current = [p for p in complete if p not in ahead]
+        complete = complete_steps(self.root)
+        ahead = [p for s, p in complete if s > step]
+        current = [p for s, p in complete if s <= step]
         old = current[: -self.keep_last] if self.keep_last is not None else []
         for path in ahead + old:
             shutil.rmtree(path, ignore_errors=True)
