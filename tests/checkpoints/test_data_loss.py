@@ -5,7 +5,6 @@ touch a directory they did not create. Every file is hashed before and after."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -14,18 +13,11 @@ import pytest
 
 from acc_train.checkpoint import find_checkpoint, resolve_checkpoint
 from acc_train.errors import UserError
+from tests.bad_input.harness import snapshot
 from tests.conftest import run_cli, tiny_job_args
 
 #: 4 steps on one process, checkpoints at 2 and 4, both kept
 RUN = ("--strategy", "ddp", "--num-processes", "1", "--max-steps", "4", "--set", "checkpoint.every=2", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=0")
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every path under ``root``: sha256 for a file, ``dir`` for a directory."""
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-        for p in sorted(root.rglob("*"))
-    }
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +32,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny
 @pytest.fixture
 def run_copy(trained: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "run"
-    shutil.copytree(trained, copy)
+    shutil.copysnapshot(trained, copy)
     return copy
 
 
@@ -52,11 +44,11 @@ def _refused(proc: object, expected: str) -> None:
 @pytest.mark.launch
 @pytest.mark.xdist_group("data-loss")
 def test_a_resume_refused_inside_the_workers_changes_nothing(run_copy: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
-    before = tree(run_copy)
+    before = snapshot(run_copy)
     # another --seed (the run's is 7): the data order would change
     proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, run_copy, *RUN, "--max-steps", "6", "--resume", "latest", "--seed", "8"))
     _refused(proc, "would not continue the checkpoint's data order")
-    assert tree(run_copy) == before, "config.yaml, metrics.jsonl and the checkpoints are as the run left them"
+    assert snapshot(run_copy) == before, "config.yaml, metrics.jsonl and the checkpoints are as the run left them"
 
 
 @pytest.mark.launch
@@ -64,12 +56,12 @@ def test_a_resume_refused_inside_the_workers_changes_nothing(run_copy: Path, tin
 def test_an_overwrite_refused_inside_the_workers_keeps_the_old_run(
     run_copy: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]
 ) -> None:
-    before = tree(run_copy)
+    before = snapshot(run_copy)
     # the demo model with 8 token ids, on data tokenized by a larger vocabulary: the workers refuse it
     small = ("--set", "model.name_or_path=null", "--set", f"model.tokenizer={tiny_model_dir}", "--set", "model.config={vocab_size: 8, hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}")
     proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, run_copy, *RUN, *small, "--overwrite"))
     _refused(proc, "the model's vocab_size is 8")
-    assert tree(run_copy) == before, "the run --overwrite would replace is deleted only once the new one has passed its checks"
+    assert snapshot(run_copy) == before, "the run --overwrite would replace is deleted only once the new one has passed its checks"
 
 
 @pytest.mark.launch
@@ -95,14 +87,14 @@ def test_resume_auto_with_a_dangling_latest_continues_from_the_newest_complete_c
     run_copy: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]
 ) -> None:
     (run_copy / "checkpoints" / "latest").write_text("step-000099\n")  # a checkpoint that is gone
-    before = tree(run_copy)
+    before = snapshot(run_copy)
     metrics_before = (run_copy / "metrics.jsonl").read_text().splitlines()
     proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, run_copy, *RUN, "--max-steps", "6", "--resume", "auto"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "warning:" in proc.stderr and "step-000099" in proc.stderr and "step-000004" in proc.stderr, proc.stderr[-4000:]
     assert proc.stderr.count("step-000099") == 1, "the warning is printed once, not once per rank"
     assert json.loads((run_copy / "run.json").read_text())["start_step"] == 4
-    after = tree(run_copy)
+    after = snapshot(run_copy)
     for name, digest in before.items():  # the complete checkpoints are kept, byte for byte
         if name.startswith(("checkpoints/step-000002", "checkpoints/step-000004")):
             assert after.get(name) == digest, name
@@ -117,10 +109,10 @@ def test_convert_and_export_never_touch_a_directory_they_did_not_create(trained:
     mine = tmp_path / ".out.tmp"  # the name today's staging directory had
     mine.mkdir()
     (mine / "precious.txt").write_text("the user's")
-    before = tree(tmp_path)
+    before = snapshot(tmp_path)
     proc = run_cli("checkpoint", command, str(trained), "--to", "dcp" if command == "convert" else "hf", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    after = tree(tmp_path)
+    after = snapshot(tmp_path)
     assert {k: v for k, v in after.items() if not k.startswith("out")} == before, "only OUT is new"
     assert (tmp_path / "out" / ("manifest.json" if command == "convert" else "config.json")).is_file()
 
@@ -171,7 +163,7 @@ def test_a_newest_checkpoint_with_a_damaged_manifest_is_refused_not_passed_over(
     with pytest.raises(UserError, match="step-000099") as info:
         find_checkpoint(tmp_path, resume)
     assert "step-000010" in str(info.value) and info.value.where == "--resume"
-    with pytest.raises(UserError, match="is not JSON") as info:
+    with pytest.raises(UserError, match="is not a valid manifest: not UTF-8") as info:
         resolve_checkpoint(str(tmp_path))
     assert info.value.where == "PATH"
 

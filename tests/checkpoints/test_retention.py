@@ -41,5 +41,5 @@ def test_a_manifest_nested_too_deeply_is_refused_by_name_not_a_recursion_traceba
 
     newest = _checkpoint(tmp_path, "step-000004")
     (newest / "manifest.json").write_text("[" * 100_000)
-    with pytest.raises(UserError, match="nests too deeply"):
+    with pytest.raises(UserError, match="nested too deeply"):
         latest_checkpoint(tmp_path)  # no `latest` pointer: the newest complete checkpoint is looked at

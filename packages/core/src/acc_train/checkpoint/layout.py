@@ -9,11 +9,10 @@ replace them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
-from acc_train.checkpoint.manifest import MANIFEST
+from acc_train.checkpoint.manifest import MANIFEST, read_manifest
 from acc_train.errors import UserError
 
 __all__ = [
@@ -31,16 +30,13 @@ def step_dir_name(step: int) -> str:
 
 
 def _manifest_unreadable(path: Path) -> str | None:
-    """Why ``path``'s manifest cannot be used, or None: it parses as a JSON object."""
+    """Why ``path``'s manifest cannot be used (the manifest reader's own check, structure
+    included), or None."""
     try:
-        manifest = json.loads((path / MANIFEST).read_bytes())
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
-    except ValueError:  # UnicodeDecodeError is a ValueError
-        return "is not JSON"
-    except RecursionError:
-        return "nests too deeply to read"
-    return None if isinstance(manifest, dict) else "is not a JSON object"
+        read_manifest(path)
+    except UserError as exc:
+        return exc.message.removeprefix(f"{MANIFEST} ")
+    return None
 
 
 def _pointer(ckpt_root: Path) -> tuple[Path | None, str | None]:
