@@ -32,7 +32,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny
 @pytest.fixture
 def run_copy(trained: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "run"
-    shutil.copysnapshot(trained, copy)
+    shutil.copytree(trained, copy)
     return copy
 
 
