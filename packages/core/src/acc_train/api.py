@@ -22,6 +22,7 @@ from acc_train.checkpoint import (
 )
 from acc_train.config.accelerate_file import check_accelerate_section, read_accelerate_section
 from acc_train.config.strategy import resolve_strategy
+from acc_train.data_kind import DataKind, Tokenized
 from acc_train.errors import PluginError, UserError, closest
 from acc_train.hookspecs import hookimpl
 from acc_train.machine import current_machine, resolve_mixed_precision, warn_once_per_machine
@@ -39,7 +40,7 @@ __all__ = [
     # the strategy contract
     "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
     # hooks, questions for the wizard, errors
-    "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
+    "DataKind", "Tokenized", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
     # registries
     "checkpoint_formats", "strategies", "wrap_policies",
     # checkpoint formats and the portable state

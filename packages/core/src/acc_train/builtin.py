@@ -10,12 +10,21 @@ from acc_train.checkpoint import CheckpointFormat, DCPFormat
 from acc_train.hookspecs import hookimpl
 
 if TYPE_CHECKING:
+    from acc_train.data_kind import DataKind
     from acc_train.run import RunContext
 
 
 @hookimpl
 def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat], None]) -> None:
     register(DCPFormat())
+
+
+@hookimpl
+def acc_train_register_data_kinds(register: Callable[[DataKind], None]) -> None:
+    from acc_train.data.kinds import BUILTIN_KINDS
+
+    for kind in BUILTIN_KINDS:
+        register(kind)
 
 
 #: what core itself runs on, reported in every checkpoint's manifest

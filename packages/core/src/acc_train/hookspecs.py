@@ -15,6 +15,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from acc_train.checkpoint import CheckpointFormat
+    from acc_train.data_kind import DataKind
     from acc_train.questions import Question
     from acc_train.run import RunContext
     from acc_train.strategy import Strategy, WrapPolicy
@@ -66,6 +67,18 @@ def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat],
     return value is ignored.
 
     :param register: callback taking a ``CheckpointFormat`` instance.
+    """
+
+
+@hookspec
+def acc_train_register_data_kinds(register: Callable[[DataKind], None]) -> None:
+    """Register kinds of training example (``data.kind``): how a row of a data file becomes
+    tokens, and which of them count in the loss.
+
+    Called once, the first time a data kind is looked up or listed. Call ``register(kind)``
+    once per :class:`acc_train.api.DataKind` instance. The return value is ignored.
+
+    :param register: callback taking a ``DataKind`` instance.
     """
 
 

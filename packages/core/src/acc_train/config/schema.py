@@ -87,9 +87,30 @@ class DataConfig(Section):
     #: Data files for ``datasets`` (json, jsonl, text, parquet); empty trains on the demo text.
     train_files: list[NonEmptyStr] = Field(default_factory=list)
     eval_files: list[NonEmptyStr] = Field(default_factory=list)
+    #: The files' format (``auto``: from their names).
     format: Literal["auto", "json", "jsonl", "text", "parquet"] = "auto"
+    #: What a row is: ``text`` (pretraining documents), ``prompt_completion`` or ``chat``
+    #: (loss on the completion / assistant tokens only), or a kind a plugin registers.
+    kind: NonEmptyStr = "text"
     text_field: NonEmptyStr = "text"
+    prompt_field: NonEmptyStr = "prompt"
+    completion_field: NonEmptyStr = "completion"
+    messages_field: NonEmptyStr = "messages"
     seq_len: int = Field(128, ge=2, le=MAX_SEQ_LEN)
+    #: Pack short examples into ``seq_len`` rows (position ids restart at each example).
+    #: Default: on for ``text``, off for the other kinds (examples padded per batch).
+    packing: bool | None = None
+    #: An example longer than ``seq_len`` (not ``text``, whose documents are cut into rows):
+    #: ``truncate`` keeps its first ``seq_len`` tokens, ``drop`` leaves it out. Both are counted.
+    overlong: Literal["truncate", "drop"] = "truncate"
+    #: Read the files as a stream, tokenized and packed on the fly (for corpora larger than
+    #: RAM or disk); needs ``training.max_steps``.
+    streaming: bool = False
+    #: Where tokenized data is cached; default ``$XDG_CACHE_HOME/acc-train/data``
+    #: (``~/.cache/acc-train/data``).
+    cache_dir: NonEmptyStr | None = None
+    #: Processes that tokenize (``datasets.map(num_proc=...)``); default: the CPU cores.
+    num_proc: int | None = Field(None, ge=1, le=1024)
     #: Share of the training blocks held out for eval when no ``eval_files`` are given.
     eval_fraction: float = Field(0.02, ge=0.0, lt=1.0, allow_inf_nan=False)
     #: How much of the standard library's source the demo job reads.

@@ -196,10 +196,17 @@ def _checkpoint_format_base() -> type:
     return CheckpointFormat
 
 
+def _data_kind_base() -> type:
+    from acc_train.data_kind import DataKind
+
+    return DataKind
+
+
 _REGISTRIES: dict[str, Registry[Any]] = {
     "strategy": StrategyRegistry("strategy", "acc_train_register_strategies", lambda: Strategy),
     "wrap_policy": Registry("wrap policy", "acc_train_register_wrap_policies", lambda: WrapPolicy),
     "checkpoint_format": Registry("checkpoint format", "acc_train_register_checkpoint_formats", _checkpoint_format_base),
+    "data_kind": Registry("data kind", "acc_train_register_data_kinds", _data_kind_base),
 }
 
 
@@ -215,10 +222,14 @@ def checkpoint_formats() -> Registry[Any]:
     return _REGISTRIES["checkpoint_format"]
 
 
+def data_kinds() -> Registry[Any]:
+    return _REGISTRIES["data_kind"]
+
+
 def plugin_failures() -> list[PluginFailure]:
     """Plugins that failed to import or register, after loading."""
     get_plugin_manager()
-    strategies(), wrap_policies(), checkpoint_formats()
+    strategies(), wrap_policies(), checkpoint_formats(), data_kinds()
     return list(_failures)
 
 
