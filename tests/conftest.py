@@ -40,6 +40,8 @@ def _no_user_default_config(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: p
     """`acc-train` reads the file `acc-train config` saved when no --config is given; a tester's
     own must not change what the tests see."""
     monkeypatch.setenv("ACC_TRAIN_CONFIG_FILE", str(tmp_path_factory.getbasetemp() / "no-default-config.yaml"))
+    # tokenized data is cached under the test session's own directory, not the tester's ~/.cache
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
 
 
 def read_metrics(out: Path) -> dict[int, MetricsRow]:

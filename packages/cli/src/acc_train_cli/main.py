@@ -11,12 +11,14 @@ import json
 import os
 import sys
 import tempfile
+import time
 from typing import Any
 
 import click
 
 from acc_train_cli.checkpoint_cmd import checkpoint
 from acc_train_cli.config_cmd import config_group
+from acc_train_cli.data_cmd import data_group
 from acc_train_cli.errors import report_plugin_failures, user_errors
 from acc_train_cli.info import env, plugins, strategies
 from acc_train_cli.job import LOOP_ONLY, flag_name, given, job_options, merge_parent_params, resolve_job
@@ -68,13 +70,20 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_model_builds(cfg)
     if cfg.launch.machine_rank == 0:  # the run's files belong to machine 0
         check_output_dir(job)
+    started = time.time()
+    if cfg.data.train_files and not cfg.data.streaming:
+        _prepare_data(cfg)  # once per machine, here, with progress bars: the workers memory-map it
     # the workers read the resolved config from a file of their own: the output directory is
     # left as it is until every worker's checks have passed (rank 0 then writes config.yaml)
     fd, config_path = tempfile.mkstemp(prefix="acc-train-", suffix=".yaml")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(job.to_yaml())
-        _run_workers(cfg.launch, ["-m", "acc_train.worker", config_path], {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision})
+        _run_workers(
+            cfg.launch,
+            ["-m", "acc_train.worker", config_path],
+            {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision, "ACC_TRAIN_LAUNCH_TIME": repr(started)},
+        )
     finally:
         os.unlink(config_path)
     if cfg.launch.machine_rank == 0:
@@ -90,6 +99,14 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
             from acc_train.report import format_summary, read_run
 
             click.echo(format_summary(read_run(cfg.output_dir)))
+
+
+def _prepare_data(cfg: Any) -> Any:
+    """Tokenize the job's data files into the cache, unless they are there already."""
+    from acc_train.data import prepare_data
+    from acc_train.model import load_tokenizer
+
+    return prepare_data(cfg.data, load_tokenizer(cfg.model))
 
 
 def _run_workers(section: Any, args: list[str], env: dict[str, str]) -> None:
@@ -146,6 +163,7 @@ cli.add_command(env)
 cli.add_command(checkpoint)
 cli.add_command(config_group)
 cli.add_command(plan)
+cli.add_command(data_group)
 cli.add_command(report)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -142,6 +143,7 @@ def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
 
     ``config_file`` is the resolved config the workers were started with; it becomes the run's
     ``config.yaml`` once every check has passed (:func:`claim_output_dir`)."""
+    started_at = setup.launch_time() or time.time()
     accelerator = setup.make_accelerator(job)
     # rank 0's decision (a restarted worker's resume is decided per rank, from files that
     # machines may see differently): every rank must take the same path into the collectives
@@ -167,7 +169,7 @@ def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
     with reporting(run):
         call_lifecycle("acc_train_train_start", run=run)
         result = run_loop(LoopInputs(run, state, prepared.scheduler, prepared.train_dl, prepared.eval_dl, data.sampler, data.batches_per_epoch, manager))
-        summary = finish.summarize(run, state, result, resumed_from)
+        summary = finish.summarize(run, state, result, resumed_from, data.prepared.summary(), started_at)
         finish.save_final(run, data.tokenizer)
         finish.write_run_json(run, summary)
         call_lifecycle("acc_train_train_end", run=run, summary=summary)

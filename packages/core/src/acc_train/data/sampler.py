@@ -4,8 +4,12 @@ through an epoch, so a run resumes exactly."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from acc_train.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ResumableSampler"]
 
@@ -23,7 +27,7 @@ class ResumableSampler:
     def __init__(self, num_items: int, seed: int, shuffle: bool, group: int) -> None:
         if num_items < group:
             raise UserError(
-                f"the training data has {num_items} blocks, fewer than one optimizer step needs ({group}: processes x micro-batch x accumulation)",
+                f"the training data has {num_items} rows, fewer than one optimizer step needs ({group}: processes x micro-batch x accumulation)",
                 where="data",
                 hint="add data, or lower training.micro_batch_size / gradient_accumulation_steps / data.seq_len",
             )
@@ -40,19 +44,26 @@ class ResumableSampler:
     def set_start(self, start: int) -> None:
         self.start = start
 
-    def _order(self) -> list[int]:
+    def _order(self) -> torch.Tensor:
         import torch
 
         if not self.shuffle:
-            return list(range(self.usable))
+            return torch.arange(self.usable)
         g = torch.Generator()
         g.manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.num_items, generator=g)[: self.usable].tolist()
+        return torch.randperm(self.num_items, generator=g)[: self.usable]
 
     def __iter__(self) -> Iterator[int]:
         order = self._order()
         start, self.start = self.start, 0  # a skip applies to one pass only
-        return iter(order[start:])
+        return _in_chunks(order[start:])
 
     def __len__(self) -> int:
         return self.usable - self.start
+
+
+def _in_chunks(order: torch.Tensor) -> Iterator[int]:
+    """The indices one by one, converted 65,536 at a time: a list of every index of a large
+    corpus would cost more memory than its rows."""
+    for chunk in order.split(1 << 16):
+        yield from chunk.tolist()

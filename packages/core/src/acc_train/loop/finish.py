@@ -51,8 +51,9 @@ def _per_rank(run: RunContext) -> tuple[list[dict[str, Any]], int]:
     return sorted(gather_object([mine]), key=lambda r: r["rank"]), model_elements
 
 
-def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_from: str | None) -> dict[str, Any]:
-    """``run.json``'s content (every rank computes it; the main process writes it)."""
+def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_from: str | None, data: dict[str, Any], started_at: float) -> dict[str, Any]:
+    """``run.json``'s content (every rank computes it; the main process writes it). ``data``:
+    what was prepared; ``started_at``: when the launch began (``time.time()``)."""
     job, accelerator = run.job, run.accelerator
     machine = accelerator.acc_machine
     t_cfg = job.config.training
@@ -95,6 +96,8 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         "checkpoints": result.saved,
         "resumed_from": resumed_from,
         "resumed_via": result.resumed_via,
+        # setup: from the launch (the command's start) to the first training batch in hand
+        "data": {**data, "setup_s": round(result.first_batch_at - started_at, 3) if result.first_batch_at else None},
     }
 
 

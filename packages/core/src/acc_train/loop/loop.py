@@ -68,6 +68,8 @@ class LoopResult:
     checkpoint_overlap_s: list[float] = field(default_factory=list)
     #: how the resumed checkpoint was restored ("native" or "portable"; None without a resume)
     resumed_via: str | None = None
+    #: wall-clock time (``time.time()``) the first training batch was in hand
+    first_batch_at: float | None = None
 
 
 def evaluate(accelerator: Any, model: Any, eval_dl: Any) -> float:
@@ -79,7 +81,7 @@ def evaluate(accelerator: Any, model: Any, eval_dl: Any) -> float:
     count = 0
     with torch.no_grad():
         for batch in eval_dl:
-            total += model(input_ids=batch, labels=batch).loss.float()
+            total += model(**batch, use_cache=False).loss.float()
             count += 1
     model.train()
     mean = accelerator.reduce(total / max(count, 1), reduction="mean")
@@ -115,8 +117,10 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
         inputs.train_dl.set_epoch(state.epoch)  # Accelerate's loader re-sets the sampler's epoch from its own count
         inputs.sampler.set_start(state.batches_in_epoch * world * t_cfg.micro_batch_size)
         for batch in inputs.train_dl:
+            if result.first_batch_at is None:
+                result.first_batch_at = time.time()
             with accelerator.accumulate(model):
-                loss = model(input_ids=batch, labels=batch).loss
+                loss = model(**batch, use_cache=False).loss  # no KV cache: transformers then masks packed rows
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:  # without clipping, the norm is still measured
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm or math.inf)

@@ -21,26 +21,28 @@ from acc_train.plugins import checkpoint_formats, library_versions
 if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
     from acc_train.config import ResolvedJob
-    from acc_train.data import ResumableSampler
+    from acc_train.data import PreparedData, ResumableSampler
 
 __all__ = ["TrainData", "BuiltModel", "Prepared", "make_accelerator", "load_data", "build_model", "prepare", "checkpoint_manager", "resume"]
 
 
 @dataclass
 class TrainData:
-    """The job's data, ready to be prepared: loaders over fixed-length blocks of token ids."""
+    """The job's data, ready to be prepared: loaders over rows of token ids and labels."""
 
     tokenizer: Any
     sampler: ResumableSampler
     train_dl: Any
     eval_dl: Any | None
-    #: blocks of training data (part of the data signature a resume must match)
-    train_blocks: int
+    #: rows of training data (part of the data signature a resume must match)
+    train_rows: int
     #: micro-batches each rank reads in one epoch (a whole number of optimizer steps)
     batches_per_epoch: int
     max_steps: int
     #: the largest token id in the data, checked against the model's vocabulary
     top_token: int
+    #: what was prepared (run.json's ``data`` section)
+    prepared: PreparedData
 
 
 @dataclass
@@ -89,31 +91,61 @@ def make_accelerator(job: ResolvedJob) -> Accelerator:
 
 
 def load_data(job: ResolvedJob, accelerator: Accelerator) -> TrainData:
-    """Tokenize the data into blocks (main process first, so a cache is built once) and make loaders."""
+    """Open the prepared data (each machine's main process tokenizes it into the cache first
+    when the command has not) and make loaders over its rows."""
     import torch
     from torch.utils.data import DataLoader
 
-    from acc_train.data import BlockDataset, ResumableSampler, load_blocks
+    from acc_train.data import Collate, ResumableSampler, TokenRows, demo_data, prepare_data
     from acc_train.model import load_tokenizer
 
     cfg = job.config
     t_cfg = cfg.training
     world, mbs, gas = accelerator.num_processes, t_cfg.micro_batch_size, t_cfg.gradient_accumulation_steps
     tokenizer = load_tokenizer(cfg.model)
-    with accelerator.main_process_first():
-        train_blocks, eval_blocks = load_blocks(cfg.data, tokenizer)
-    top = max(int(b.max().item()) for b in (train_blocks, eval_blocks) if b is not None)
-    sampler = ResumableSampler(len(train_blocks), t_cfg.seed, cfg.data.shuffle, group=world * mbs * gas)
+    if cfg.data.train_files:
+        with accelerator.local_main_process_first():
+            prepared = prepare_data(cfg.data, tokenizer, since=launch_time())
+    else:
+        prepared = demo_data(cfg.data)
+    train, held_out = prepared.train, prepared.eval
+    if held_out is None and cfg.data.eval_fraction > 0 and len(train) > 1:
+        n_eval = max(1, int(len(train) * cfg.data.eval_fraction))
+        train, held_out = train.subset(0, len(train) - n_eval), train.subset(len(train) - n_eval, len(train))
+    pad_id = _pad_id(tokenizer)
+    collate = Collate(cfg.data.seq_len, prepared.packing, pad_id)
+    sampler = ResumableSampler(len(train), t_cfg.seed, cfg.data.shuffle, group=world * mbs * gas)
     # its own generator: starting an iterator must not draw from the global RNG, or a resumed
     # run would be one draw ahead of the uninterrupted one
-    train_dl = DataLoader(BlockDataset(train_blocks), batch_size=mbs, sampler=sampler, drop_last=True, generator=torch.Generator())
+    train_dl = DataLoader(TokenRows(train), batch_size=mbs, sampler=sampler, drop_last=True, collate_fn=collate, generator=torch.Generator())
     eval_dl = None
-    if eval_blocks is not None:
-        eval_blocks = eval_blocks[: t_cfg.eval_batches * world * mbs]
-        eval_dl = DataLoader(BlockDataset(eval_blocks), batch_size=mbs, shuffle=False, generator=torch.Generator())
+    if held_out is not None:
+        held_out = held_out.subset(0, t_cfg.eval_batches * world * mbs)
+        eval_dl = DataLoader(TokenRows(held_out), batch_size=mbs, shuffle=False, collate_fn=collate, generator=torch.Generator())
     batches_per_epoch = sampler.usable // (world * mbs)
     max_steps = cfg.max_steps or t_cfg.epochs * (batches_per_epoch // gas)  # type: ignore[operator]
-    return TrainData(tokenizer, sampler, train_dl, eval_dl, len(train_blocks), batches_per_epoch, max_steps, top)
+    return TrainData(tokenizer, sampler, train_dl, eval_dl, len(train), batches_per_epoch, max_steps, prepared.max_token, prepared)
+
+
+def launch_time() -> float | None:
+    """When the command that started this run began (``ACC_TRAIN_LAUNCH_TIME``), if it says."""
+    import os
+
+    raw = os.environ.get("ACC_TRAIN_LAUNCH_TIME")
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _pad_id(tokenizer: Any) -> int:
+    """Padding never counts (labels -100, masked out); any id in the vocabulary serves."""
+    if tokenizer is None:
+        return 0
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return int(candidate)
+    return 0
 
 
 def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
@@ -185,7 +217,10 @@ def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltM
             "seq_len": cfg.data.seq_len,
             "train_files": cfg.data.train_files,
             "model": cfg.model.name_or_path or "demo",
-            "train_blocks": data.train_blocks,
+            "kind": data.prepared.kind,
+            "packing": data.prepared.packing,
+            "train_rows": data.train_rows,
+            "train_tokens": data.prepared.counts["tokens"],
         },
         seed=t_cfg.seed,
         model_config=built.config,

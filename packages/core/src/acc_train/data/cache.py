@@ -1,0 +1,230 @@
+"""Prepared data: tokenized once per machine into a cache keyed by a fingerprint of everything
+the tokens depend on, memory-mapped by every rank at every later launch, restart and resume.
+
+The cache lives in ``data.cache_dir`` (default ``$XDG_CACHE_HOME/acc-train/data``, that is
+``~/.cache/acc-train/data``), one directory per fingerprint::
+
+    <fingerprint>/meta.json          what was prepared from what, and its counts
+    <fingerprint>/train.*.npy        (see acc_train.data.build)
+    <fingerprint>/eval.*.npy         when data.eval_files are given
+
+The fingerprint covers each data file's absolute path, size and modification time, the file
+format, the kind and its fields, ``seq_len``, packing, ``overlong`` and the tokenizer (its
+vocabulary and rules, special tokens and chat template). A directory is built under a fresh
+temporary name and renamed into place, so a cache entry is always whole; when two machines
+sharing the directory build the same entry, the first rename wins and the other is discarded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from acc_train.data import build, pack
+from acc_train.data.rows import Split
+from acc_train.errors import UserError
+from acc_train.output_paths import replace_file
+
+if TYPE_CHECKING:
+    from acc_train.config import DataConfig
+    from acc_train.data_kind import DataKind
+
+__all__ = ["FORMAT_VERSION", "PreparedData", "cache_root", "fingerprint", "prepare_data", "demo_data", "data_kind"]
+
+#: bumped whenever what is written changes meaning
+FORMAT_VERSION = 1
+
+
+@dataclass
+class PreparedData:
+    """The job's data, ready to read: the training split, the eval split (or None), and what
+    ``run.json`` reports about them."""
+
+    train: Split
+    eval: Split | None
+    kind: str
+    packing: bool
+    #: counts of the training split (documents, tokens, loss_tokens, truncated, dropped, empty, rows)
+    counts: dict[str, int]
+    max_token: int
+    #: "hit", "built" or "none" (the demo corpus is made in memory)
+    cache: str = "none"
+    path: str | None = None
+    fingerprint: str | None = None
+    eval_counts: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "packing": self.packing,
+            "streaming": False,
+            **{k: self.counts[k] for k in ("documents", "tokens", "loss_tokens", "truncated", "dropped", "empty", "rows")},
+            "cache": {"status": self.cache, "path": self.path},
+        }
+
+
+def data_kind(cfg: DataConfig) -> DataKind:
+    from acc_train.plugins import data_kinds
+
+    registry = data_kinds()
+    if cfg.kind not in registry.names():
+        raise UserError(
+            f"unknown data kind {cfg.kind!r} (installed: {', '.join(registry.names())})",
+            where="data.kind",
+            hint="use one of them, or install the plugin that registers it",
+        )
+    return registry.get(cfg.kind)
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "acc-train" / "data"
+
+
+def _tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        rules = hashlib.sha256(backend.to_str().encode()).hexdigest()
+    else:  # a slow (Python) tokenizer: datasets' own hasher, as its map cache uses
+        from datasets.fingerprint import Hasher
+
+        rules = Hasher.hash(tokenizer)
+    return {
+        "class": type(tokenizer).__name__,
+        "rules": rules,
+        "size": len(tokenizer),
+        "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
+        "chat_template": getattr(tokenizer, "chat_template", None),
+    }
+
+
+def _file_identity(files: list[str]) -> list[list[Any]]:
+    out = []
+    for f in files:
+        st = os.stat(f)
+        out.append([os.path.abspath(f), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def fingerprint(cfg: DataConfig, tokenizer: Any) -> str:
+    kind = data_kind(cfg)
+    key = {
+        "version": FORMAT_VERSION,
+        "train": _file_identity(cfg.train_files),
+        "eval": _file_identity(cfg.eval_files),
+        "format": cfg.format,
+        "kind": [kind.name, type(kind).__module__, type(kind).__qualname__],
+        "fields": [cfg.text_field, cfg.prompt_field, cfg.completion_field, cfg.messages_field],
+        "seq_len": cfg.seq_len,
+        "packing": build.packing(cfg, kind),
+        "overlong": cfg.overlong,
+        "tokenizer": None if tokenizer is None else _tokenizer_identity(tokenizer),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _rows_maker(cfg: DataConfig, kind: DataKind) -> Any:
+    if not build.packing(cfg, kind):
+        return pack.single_rows
+    if kind.continuous:
+        return lambda starts: pack.text_rows(int(starts[-1]), cfg.seq_len)
+    return lambda starts: pack.packed_rows(starts, cfg.seq_len)
+
+
+def _vocab(tokenizer: Any) -> int:
+    return 256 if tokenizer is None else len(tokenizer)
+
+
+def _build(cfg: DataConfig, tokenizer: Any, root: Path, key: str, num_proc: int) -> None:
+    """Tokenize and write the cache entry ``root/key`` (a no-op when another process wins)."""
+    kind = data_kind(cfg)
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{key}.building-", dir=root))
+    try:
+        meta: dict[str, Any] = {"format_version": FORMAT_VERSION, "fingerprint": key, "kind": kind.name, "packing": build.packing(cfg, kind)}
+        meta["seq_len"], meta["train_files"], meta["eval_files"] = cfg.seq_len, cfg.train_files, cfg.eval_files
+        dtype = build.token_dtype(_vocab(tokenizer))
+        meta["dtype"] = np.dtype(dtype).name
+        t0 = time.perf_counter()
+        for name, files in (("train", cfg.train_files), ("eval", cfg.eval_files)):
+            if not files:
+                continue
+            table = build.tokenize_files(files, f"data.{name}_files", cfg, kind, tokenizer, work, num_proc)
+            meta[name] = build.write_split(table, name, work, dtype, _rows_maker(cfg, kind))
+            del table
+        meta["build_s"] = round(time.perf_counter() - t0, 3)
+        meta["created"] = time.time()
+        shutil.rmtree(work / "hf", ignore_errors=True)  # datasets' Arrow copies: the .npy files are the cache
+        replace_file(work / "meta.json", json.dumps(meta, indent=2).encode())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(work, 0o777 & ~umask)  # mkdtemp's 0700 would hide a shared cache from other users
+        try:
+            os.rename(work, root / key)
+        except OSError:
+            if not (root / key / "meta.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _default_num_proc() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def prepare_data(cfg: DataConfig, tokenizer: Any, since: float | None = None) -> PreparedData:
+    """The job's data files, from the cache or tokenized into it now. ``since``: when this
+    launch began (a cache entry created after it counts as built by this launch)."""
+    root = cache_root(cfg)
+    key = fingerprint(cfg, tokenizer)
+    entry = root / key
+    status = "hit"
+    if not (entry / "meta.json").is_file():
+        try:
+            _build(cfg, tokenizer, root, key, cfg.num_proc or _default_num_proc())
+        except OSError as exc:
+            raise UserError(f"cannot write the data cache in {str(root)!r}: {exc}", where="data.cache_dir", hint="set data.cache_dir to a writable directory") from None
+        status = "built"
+    meta = json.loads((entry / "meta.json").read_text())
+    if since is not None and meta.get("created", 0) >= since:
+        status = "built"
+    train = build.open_split(entry, "train")
+    ev = build.open_split(entry, "eval") if "eval" in meta else None
+    top = max(meta["train"]["max_token"], meta.get("eval", {}).get("max_token", 0))
+    prepared = PreparedData(train, ev, meta["kind"], meta["packing"], meta["train"], top, status, str(entry), key, meta.get("eval", {}))
+    return _check_rows(prepared, cfg)
+
+
+def demo_data(cfg: DataConfig) -> PreparedData:
+    """The demo corpus (the standard library's source, byte level), made in memory."""
+    from acc_train.data.demo import demo_text_bytes
+
+    ids = np.frombuffer(demo_text_bytes(cfg.demo_max_bytes), dtype=np.uint8).astype(np.uint16)
+    split = build.in_memory_split(ids, cfg.seq_len)
+    counts = {"documents": 1, "tokens": len(ids), "loss_tokens": len(split) * cfg.seq_len, "truncated": 0, "dropped": 0, "empty": 0, "rows": len(split)}
+    return _check_rows(PreparedData(split, None, "text", True, counts, int(ids.max()) if len(ids) else 0), cfg)
+
+
+def _check_rows(prepared: PreparedData, cfg: DataConfig) -> PreparedData:
+    if len(prepared.train) == 0:
+        c = prepared.counts
+        raise UserError(
+            f"the training data gives no row of data.seq_len={cfg.seq_len} tokens ({c['tokens']} tokens in {c['documents']} examples; {c['dropped']} dropped as overlong, {c['empty']} empty)",
+            where="data",
+            hint="add data, lower data.seq_len, or set data.overlong=truncate",
+        )
+    return prepared

@@ -1,0 +1,100 @@
+"""Training rows as the model takes them: token ids, labels (-100 where a token is not in the
+loss) and, for packed rows, position ids that restart at every example.
+
+With position ids that restart and no attention mask, transformers (5.x) builds a
+block-diagonal causal mask for ``sdpa`` and ``eager`` attention (``masking_utils``
+``find_packed_sequence_indices``), and flash-attention takes the varlen path: no token attends
+across examples. Padded rows carry an ``attention_mask`` instead, and padding never counts in
+the loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from acc_train.data.pack import inner_starts
+
+__all__ = ["IGNORE_INDEX", "Split", "TokenRows", "Collate"]
+
+#: the label cross-entropy ignores (transformers' and torch's default)
+IGNORE_INDEX = -100
+
+
+@dataclass
+class Split:
+    """One split of prepared data: the token stream (memory-mapped when cached), per-token loss
+    flags (None: every token counts), example starts (with the stream's end last) and rows."""
+
+    tokens: np.ndarray
+    loss: np.ndarray | None
+    starts: np.ndarray
+    rows: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def subset(self, begin: int, end: int) -> Split:
+        return Split(self.tokens, self.loss, self.starts, self.rows[begin:end])
+
+
+class TokenRows:
+    """Indexable rows of a :class:`Split`: each a dict of int64 numpy arrays (``input_ids``,
+    ``labels``, ``position_ids``). Reads only the row's span of the memory-mapped files."""
+
+    def __init__(self, split: Split) -> None:
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split.rows)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        s = self.split
+        begin, end = (int(x) for x in s.rows[i])
+        ids = np.asarray(s.tokens[begin:end], dtype=np.int64)
+        labels = ids.copy()
+        if s.loss is not None:
+            labels[np.asarray(s.loss[begin:end]) == 0] = IGNORE_INDEX
+        inner = inner_starts(s.starts, begin, end) - begin
+        labels[inner] = IGNORE_INDEX
+        segment_start = np.zeros(end - begin, dtype=np.int64)
+        segment_start[inner] = inner
+        positions = np.arange(end - begin, dtype=np.int64) - np.maximum.accumulate(segment_start)
+        return {"input_ids": ids, "labels": labels, "position_ids": positions}
+
+
+@dataclass
+class Collate:
+    """Stacks rows into a batch. ``packed``: every row padded to ``seq_len`` (the padding its own
+    segment of position ids, labels -100), no attention mask. Otherwise: rows padded to the
+    batch's longest, with an ``attention_mask``, no position ids."""
+
+    seq_len: int
+    packed: bool
+    pad_id: int
+
+    def __call__(self, rows: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+        import torch
+
+        width = self.seq_len if self.packed else max(len(r["input_ids"]) for r in rows)
+        n = len(rows)
+        ids = np.full((n, width), self.pad_id, dtype=np.int64)
+        labels = np.full((n, width), IGNORE_INDEX, dtype=np.int64)
+        positions = np.tile(np.arange(width, dtype=np.int64), (n, 1))
+        mask = np.zeros((n, width), dtype=np.int64)
+        for j, r in enumerate(rows):
+            k = len(r["input_ids"])
+            ids[j, :k] = r["input_ids"]
+            labels[j, :k] = r["labels"]
+            mask[j, :k] = 1
+            if self.packed:
+                positions[j, :k] = r["position_ids"]
+                positions[j, k:] = np.arange(width - k)
+        batch = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
+        if self.packed:
+            batch["position_ids"] = torch.from_numpy(positions)
+        else:
+            batch["attention_mask"] = torch.from_numpy(mask)
+        return batch
