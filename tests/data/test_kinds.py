@@ -182,3 +182,37 @@ def test_chat_tokenizes_in_datasets_worker_processes(bpe_tokenizer: Any) -> None
     ds = datasets.Dataset.from_dict({"messages": [CHAT] * 4})
     mapped = ds.map(lambda b: kind.tokenize(b, bpe_tokenizer, cfg), batched=True, batch_size=2, num_proc=2, remove_columns=["messages"])
     assert mapped["input_ids"] == [one(kind, {"messages": CHAT}, bpe_tokenizer, cfg)[0]] * 4
+
+
+def test_the_hooks_page_example_kind_works_as_a_plugin(tmp_path: Any, bpe_tokenizer: Any) -> None:
+    """docs/hooks.md's data-kind plugin, registered in-process: selected by data.kind, its
+    rows checked before launch with the line, its tokens masked as it says."""
+    import json
+    import re
+    import types
+    from pathlib import Path
+
+    from acc_train import plugins
+    from acc_train.data import check_data_files, data_kind
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "hooks.md").read_text()
+    section = page.split("## acc_train_register_data_kinds", 1)[1].split("\n## ", 1)[0]
+    example = re.findall(r"```python\n(.*?)```", section, flags=re.S)[1]
+    module = types.ModuleType("qa_plugin")
+    exec(compile(example, "docs/hooks.md", "exec"), module.__dict__)
+    plugins.reset()
+    try:
+        plugins.get_plugin_manager().register(module, name="qa-plugin")
+        cfg = DataConfig(kind="qa", train_files=[str(tmp_path / "qa.jsonl")])
+        (tmp_path / "qa.jsonl").write_text(json.dumps({"question": "two plus four?", "answer": "six"}) + "\n" + json.dumps({"question": "x"}) + "\n")
+        with pytest.raises(UserError, match=r"qa.jsonl', line 2: has no field 'answer'"):
+            check_data_files(cfg)
+        kind = data_kind(cfg)
+        kind.check_tokenizer(bpe_tokenizer, cfg)
+        with pytest.raises(UserError, match="EOS"):
+            kind.check_tokenizer(None, cfg)
+        out = kind.tokenize({"question": ["two plus four?", None], "answer": ["six", "y"]}, bpe_tokenizer, cfg)
+        ids, mask = out["input_ids"][0], out["loss_mask"][0]
+        assert bpe_tokenizer.decode([i for i, m in zip(ids, mask) if m]) == "six</s>" and out["input_ids"][1] == []
+    finally:
+        plugins.reset()
