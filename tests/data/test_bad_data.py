@@ -123,6 +123,9 @@ def test_parquet_columns_and_rows_are_checked(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"has no column 'text'") as info:
         check_data_files(DataConfig(kind="text", train_files=[str(path)]))
     assert info.value.where == "data.text_field"
+    with pytest.raises(UserError) as info:
+        check_data_files(DataConfig(kind="prompt_completion", train_files=[str(path)]))
+    assert info.value.where == "data.prompt_field"
 
 
 def test_a_chat_row_checks_with_the_templated_tokenizer_in_process(tmp_path: Path, tiny_model_dir: Path) -> None:

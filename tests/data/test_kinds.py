@@ -216,3 +216,12 @@ def test_the_hooks_page_example_kind_works_as_a_plugin(tmp_path: Any, bpe_tokeni
         assert bpe_tokenizer.decode([i for i, m in zip(ids, mask) if m]) == "six</s>" and out["input_ids"][1] == []
     finally:
         plugins.reset()
+
+
+def test_a_conversation_the_template_refuses_is_a_user_error() -> None:
+    strict = "{% for m in messages %}{% if m['role'] == 'user' and loop.index0 % 2 %}{{ raise_exception('roles must alternate') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    tok = train_tokenizer(strict)
+    ChatKind().check_tokenizer(tok, DataConfig(kind="chat"))
+    twice = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]
+    with pytest.raises(UserError, match="cannot render a conversation: .*roles must alternate"):
+        ChatKind().tokenize({"messages": [twice]}, tok, DataConfig(kind="chat"))

@@ -4,6 +4,7 @@ JSON line an object whose fields the job's kind of data (``data.kind``) can read
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -122,12 +123,26 @@ def _check_file(path: Path, fmt: str, kind: DataKind, cfg: DataConfig, where: st
             raise refuse(f"has no row with a text field {cfg.text_field!r} (fields: {fields})", "set data.text_field to the column holding the text", "data.text_field")
 
 
+#: the options that name the fields core's kinds read
+FIELD_KEYS = ("text_field", "prompt_field", "completion_field", "messages_field")
+
+
+def _field_key(cfg: DataConfig, field: str) -> str:
+    """The option naming ``field`` (``data.completion_field``), or ``data.kind``."""
+    return next((f"data.{k}" for k in FIELD_KEYS if getattr(cfg, k) == field), "data.kind")
+
+
 def _fields_hint(kind: DataKind, cfg: DataConfig) -> str:
-    names = ", ".join(f"data.{k}_field" for k in ("text", "prompt", "completion", "messages") if getattr(cfg, f"{k}_field") in kind.fields(cfg))
-    return f"data.kind {kind.name!r} reads the fields {kind.fields(cfg)} of every row" + (f" (named by {names})" if names else "")
+    keys = [k for k in dict.fromkeys(_field_key(cfg, f) for f in kind.fields(cfg)) if k != "data.kind"]
+    return f"data.kind {kind.name!r} reads the fields {kind.fields(cfg)} of every row" + (f" (named by {', '.join(keys)})" if keys else "")
 
 
-def _check_parquet(path: Path, kind: DataKind, cfg: DataConfig, refuse: Any, where: str) -> None:
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_parquet(path: Path, kind: DataKind, cfg: DataConfig, refuse: Callable[..., UserError], where: str) -> None:
     """The kind's columns in the parquet schema (its footer: cheap); a file up to
     :data:`CHECK_BYTES` has every row of them checked too."""
     import pyarrow.parquet as pq
@@ -135,16 +150,16 @@ def _check_parquet(path: Path, kind: DataKind, cfg: DataConfig, refuse: Any, whe
     try:
         columns = pq.read_schema(path).names
     except Exception as exc:  # noqa: BLE001 - pyarrow's errors about the user's bytes
-        raise refuse(f"is not a readable parquet file: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}", "check the file, or set data.format to its real format") from None
+        raise refuse(f"is not a readable parquet file: {_first_line(exc)}", "check the file, or set data.format to its real format") from None
     missing = [f for f in kind.fields(cfg) if f not in columns]
     if missing:
-        raise refuse(f"has no column {missing[0]!r} (columns: {columns[:12]})", _fields_hint(kind, cfg), f"data.{'text_field' if kind.continuous else 'kind'}")
+        raise refuse(f"has no column {missing[0]!r} (columns: {columns[:12]})", _fields_hint(kind, cfg), _field_key(cfg, missing[0]))
     if path.stat().st_size > CHECK_BYTES or kind.continuous:
         return
     try:
         rows = pq.read_table(path, columns=kind.fields(cfg)).to_pylist()
-    except Exception as exc:  # noqa: BLE001
-        raise refuse(f"cannot be read as parquet: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}", "check the file") from None
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors about the user's bytes
+        raise refuse(f"cannot be read as parquet: {_first_line(exc)}", "check the file") from None
     for number, row in enumerate(rows, 1):
         problem = kind.check_row(row, cfg)
         if problem is not None:
