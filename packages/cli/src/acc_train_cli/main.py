@@ -59,7 +59,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
         return
     report_plugin_failures()
     from acc_train.checkpoint.faults import check_fault_env
-    from acc_train.data import check_data_files
+    from acc_train.data import check_data_files, data_kind
     from acc_train.model import check_model_builds, check_model_path
     from acc_train.trainer import check_output_dir
 
@@ -67,7 +67,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_fault_env()
     check_model_path(cfg.model)
     check_data_files(cfg.data)
-    check_model_builds(cfg)
+    data_kind(cfg.data).check_tokenizer(check_model_builds(cfg), cfg.data)
     if cfg.launch.machine_rank == 0:  # the run's files belong to machine 0
         check_output_dir(job)
     started = time.time()

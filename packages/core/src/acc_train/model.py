@@ -149,11 +149,11 @@ def meta_model(config: JobConfig) -> tuple[Any, Any]:
     return model, mcfg
 
 
-def check_model_builds(config: JobConfig) -> None:
+def check_model_builds(config: JobConfig) -> Any | None:
     """Fail before launch on a model config transformers rejects or cannot build, or a
-    tokenizer it cannot load."""
+    tokenizer it cannot load; the tokenizer (None: byte level), for the data's checks."""
     meta_model(config)
-    load_tokenizer(config.model)
+    return load_tokenizer(config.model)
 
 
 def build_model(config: JobConfig) -> Any:

@@ -3,16 +3,9 @@
 
 from __future__ import annotations
 
-from acc_train.data.cache import (
-    PreparedData,
-    cache_root,
-    data_kind,
-    demo_data,
-    fingerprint,
-    prepare_data,
-)
+from acc_train.data.cache import PreparedData, cache_root, demo_data, fingerprint, prepare_data
 from acc_train.data.demo import demo_text_bytes
-from acc_train.data.files import CHECK_BYTES, check_data_files, infer_format
+from acc_train.data.files import CHECK_BYTES, check_data_files, data_kind, infer_format
 from acc_train.data.rows import IGNORE_INDEX, Collate, Split, TokenRows
 from acc_train.data.sampler import ResumableSampler
 

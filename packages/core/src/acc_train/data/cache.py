@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from acc_train.data import build, pack
+from acc_train.data.files import data_kind
 from acc_train.data.rows import Split
 from acc_train.errors import UserError
 from acc_train.output_paths import replace_file
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from acc_train.config import DataConfig
     from acc_train.data_kind import DataKind
 
-__all__ = ["FORMAT_VERSION", "PreparedData", "cache_root", "fingerprint", "prepare_data", "demo_data", "data_kind"]
+__all__ = ["FORMAT_VERSION", "PreparedData", "cache_root", "fingerprint", "prepare_data", "demo_data"]
 
 #: bumped whenever what is written changes meaning
 FORMAT_VERSION = 1
@@ -70,19 +71,6 @@ class PreparedData:
             **{k: self.counts[k] for k in ("documents", "tokens", "loss_tokens", "truncated", "dropped", "empty", "rows")},
             "cache": {"status": self.cache, "path": self.path},
         }
-
-
-def data_kind(cfg: DataConfig) -> DataKind:
-    from acc_train.plugins import data_kinds
-
-    registry = data_kinds()
-    if cfg.kind not in registry.names():
-        raise UserError(
-            f"unknown data kind {cfg.kind!r} (installed: {', '.join(registry.names())})",
-            where="data.kind",
-            hint="use one of them, or install the plugin that registers it",
-        )
-    return registry.get(cfg.kind)
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -189,6 +177,7 @@ def _default_num_proc() -> int:
 def prepare_data(cfg: DataConfig, tokenizer: Any, since: float | None = None) -> PreparedData:
     """The job's data files, from the cache or tokenized into it now. ``since``: when this
     launch began (a cache entry created after it counts as built by this launch)."""
+    data_kind(cfg).check_tokenizer(tokenizer, cfg)  # as the command did (workers started otherwise)
     root = cache_root(cfg)
     key = fingerprint(cfg, tokenizer)
     entry = root / key
