@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 __all__ = ["DataKind", "Tokenized"]
 
 #: what :meth:`DataKind.tokenize` returns: per example, its token ids (``"input_ids"``) and one
-#: flag per token (``"loss_mask"``, 1 where the token counts in the loss, 0 where it is context)
+#: flag per token (``"loss_mask"``, 1 where the token counts in the loss, 0 where it is context;
+#: leave ``"loss_mask"`` out when every token counts)
 Tokenized = dict[str, list[list[int]]]
 
 

@@ -47,17 +47,21 @@ def _tokenize(batch: dict[str, list[Any]], kind: DataKind, tokenizer: Any, cfg: 
     each example's fate recorded (dropped and empty ones keep a row, with no tokens, to be counted)."""
     out = kind.tokenize(batch, tokenizer, cfg)
     ids_out, loss_out, fates = [], [], []
-    for ids, loss in zip(out["input_ids"], out["loss_mask"]):
+    masks = out.get("loss_mask")
+    # an empty loss_mask stands for "every token counts" (half the data to move and store)
+    for ids, loss in zip(out["input_ids"], masks if masks is not None else [None] * len(out["input_ids"])):
         fate = KEPT
+        if loss is not None and all(loss):
+            loss = None
         if limit is not None and len(ids) > limit:
             if cfg.overlong == "drop":
-                ids, loss, fate = [], [], DROPPED
+                ids, loss, fate = [], None, DROPPED
             else:
-                ids, loss, fate = ids[:limit], loss[:limit], TRUNCATED
-        if fate != DROPPED and (not ids or not any(loss)):
-            ids, loss, fate = [], [], EMPTY
+                ids, loss, fate = ids[:limit], None if loss is None else loss[:limit], TRUNCATED
+        if fate != DROPPED and (not ids or (loss is not None and not any(loss))):
+            ids, loss, fate = [], None, EMPTY
         ids_out.append(ids)
-        loss_out.append(loss)
+        loss_out.append([] if loss is None else loss)
         fates.append(fate)
     return {"input_ids": ids_out, "loss_mask": loss_out, "fate": fates}
 
@@ -130,11 +134,17 @@ def write_split(table: Any, name: str, directory: Path, dtype: type, make_rows: 
         flat = ids.flatten().to_numpy(zero_copy_only=False) if len(ids) else np.zeros(0, dtype=np.int64)
         n = len(flat)
         if n:
-            flags = batch.column("loss_mask").filter(keep).combine_chunks().flatten().to_numpy(zero_copy_only=False)
             tokens[at : at + n] = flat
-            loss[at : at + n] = flags
+            flags = batch.column("loss_mask").filter(keep).combine_chunks()
+            given = np.diff(flags.offsets.to_numpy()) > 0  # examples with flags; the others: all count
+            if given.any():
+                chunk = np.ones(n, dtype=np.uint8)
+                chunk[np.repeat(given, np.diff(ids.offsets.to_numpy()))] = flags.flatten().to_numpy(zero_copy_only=False)
+                loss[at : at + n] = chunk
+                all_count = all_count and bool(chunk.all())
+            else:
+                loss[at : at + n] = 1
             top = max(top, int(flat.max()))
-            all_count = all_count and bool(flags.all())
         at += n
     tokens.flush()
     loss.flush()

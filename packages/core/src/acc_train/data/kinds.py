@@ -47,7 +47,7 @@ class TextKind(DataKind):
         else:
             eos = tokenizer.eos_token_id
             ids = [enc + ([eos] if eos is not None and enc else []) for enc in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        return {"input_ids": ids, "loss_mask": [[1] * len(x) for x in ids]}
+        return {"input_ids": ids}  # every token counts
 
 
 def _first_token_after(offsets: list[tuple[int, int]], char: int) -> int:
