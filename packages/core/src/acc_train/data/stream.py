@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from acc_train.config import DataConfig
     from acc_train.data_kind import DataKind
 
-__all__ = ["READ_SIZE", "STATE_VERSION", "COUNTS", "StreamPosition", "StreamRows", "first_rows", "summed_counts"]
+__all__ = ["READ_SIZE", "STATE_VERSION", "COUNTS", "StreamPosition", "StreamRows", "DeviceBatches", "StreamedData", "first_rows"]
 
 #: examples read and tokenized together (a resumed rank reads at most this many again)
 READ_SIZE = 256
@@ -242,12 +242,33 @@ def first_rows(files: list[str], where: str, cfg: DataConfig, kind: DataKind, to
     return list(itertools.islice(StreamRows(files, where, cfg, kind, tokenizer, passes=1), limit))
 
 
-def summed_counts(streams: list[StreamRows | None], gather: Any) -> dict[str, int]:
-    """The streams' counts summed over ranks; ``gather`` is Accelerate's ``gather_object``
-    (collective: every rank calls it)."""
-    mine = [dict.fromkeys(COUNTS, 0)]
-    for s in streams:
-        if s is not None:
-            mine = [{k: mine[0][k] + s.counts[k] for k in COUNTS}]
-    every = gather(mine)
-    return {k: sum(c[k] for c in every) for k in COUNTS}
+class DeviceBatches:
+    """A loader's batches moved to ``device``: a streamed loader is not passed through
+    ``accelerator.prepare``, which would read the stream on rank 0 and dispatch its batches,
+    and read one batch ahead of the position a checkpoint saves."""
+
+    def __init__(self, loader: Any, device: Any) -> None:
+        self.loader, self.device = loader, device
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        from accelerate.utils import send_to_device
+
+        for batch in self.loader:
+            yield send_to_device(batch, self.device)
+
+
+@dataclass
+class StreamedData:
+    """What ``run.json``'s ``data`` section says of a streamed run: no cache, and counts of what
+    this run's rows were made of, summed over ranks."""
+
+    kind: str
+    packing: bool
+    stream: StreamRows
+
+    def summary(self) -> dict[str, Any]:
+        """Collective: every rank calls it (each has its own stream's counts)."""
+        from accelerate.utils import gather_object
+
+        every = gather_object([self.stream.counts])
+        return {"kind": self.kind, "packing": self.packing, "streaming": True, **{k: sum(c[k] for c in every) for k in COUNTS}, "cache": {"status": "none"}}
