@@ -160,6 +160,16 @@ def test_another_world_size_is_refused(tmp_path: Path, tokenizer: Any) -> None:
     assert err.value.where == "--num-processes"
 
 
+def test_a_token_beyond_the_models_vocabulary_is_a_user_error(tmp_path: Path, tokenizer: Any) -> None:
+    from acc_train.errors import UserError
+
+    cfg = _cfg(tmp_path, [_corpus(tmp_path / "a.jsonl", 20, 0)])
+    stream = StreamRows(cfg.train_files, "data.train_files", cfg, data_kind(cfg), tokenizer)
+    stream.vocab_size = 5
+    with pytest.raises(UserError, match="vocab_size is 5"):
+        next(iter(stream))
+
+
 def test_a_share_without_rows_is_a_user_error(tmp_path: Path, tokenizer: Any) -> None:
     from acc_train.errors import UserError
 
@@ -168,6 +178,31 @@ def test_a_share_without_rows_is_a_user_error(tmp_path: Path, tokenizer: Any) ->
     cfg = _cfg(tmp_path, [data])
     with pytest.raises(UserError, match="gives no row"):
         next(iter(StreamRows(cfg.train_files, "data.train_files", cfg, data_kind(cfg), tokenizer)))
+
+
+def test_accumulation_syncs_every_n_micro_batches_without_a_prepared_loader(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The streamed loader is not prepared: Accelerate's ``accumulate`` counts the micro-steps
+    itself. 3 steps x 2 micro-batches x 2 rows, in one process, with an evaluation between."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from acc_train.config import load_job
+    from acc_train.trainer import check_output_dir, train
+
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    sets = [f"model.name_or_path={tiny_model_dir}", f"data.train_files=[{tiny_data['train']}]", f"data.eval_files=[{tiny_data['eval']}]"]
+    sets += ["data.streaming=true", "data.seq_len=16", "training.micro_batch_size=2", "training.gradient_accumulation_steps=2"]
+    sets += ["training.mixed_precision=no", "training.progress_bar=false", "training.eval_every=1", "checkpoint.every=2"]
+    job = load_job(flags={"output_dir": (str(tmp_path / "run"), "--output-dir"), "training.max_steps": (3, "--max-steps")}, sets=sets)
+    try:
+        check_output_dir(job)
+        summary = train(job)
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    assert summary["steps"] == 3 and summary["data"]["rows"] == 3 * 2 * 2
+    state = json.loads((tmp_path / "run" / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
+    assert state["stream"][0]["taken"] > 0 and len(state["stream"]) == 1
 
 
 # -- launched runs ----------------------------------------------------------------------------

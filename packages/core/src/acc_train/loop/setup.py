@@ -223,7 +223,14 @@ def prepare(job: ResolvedJob, accelerator: Accelerator, built: BuiltModel, data:
     optimizer = _optimizer(built.model, cfg.optimizer)
     streamed = data.stream is not None  # a stream's loader is not prepared (see _streamed)
     objects = [built.model, optimizer] + ([] if streamed else [data.train_dl]) + ([data.eval_dl] if data.eval_dl is not None else [])
+    stand_in = streamed and data.eval_dl is None
+    if stand_in:  # a strategy may take the micro-batch size from a prepared loader ("auto"): an empty one says it
+        from torch.utils.data import DataLoader
+
+        objects.append(DataLoader([], batch_size=cfg.training.micro_batch_size))
     model, optimizer, *rest = accelerator.prepare(*objects)
+    if stand_in:
+        rest.pop()
     train_dl = data.train_dl if streamed else rest.pop(0)
     warmup = cfg.scheduler.warmup_steps
     if warmup is None:
