@@ -160,6 +160,17 @@ def test_another_world_size_is_refused(tmp_path: Path, tokenizer: Any) -> None:
     assert err.value.where == "--num-processes"
 
 
+def test_the_config_refuses_epochs_and_a_stream_without_files() -> None:
+    from acc_train.config import load_job
+    from acc_train.errors import UserError
+
+    with pytest.raises(UserError, match=r"data.streaming needs training.max_steps, not training.epochs"):
+        load_job(sets=["data.streaming=true", "data.train_files=[a.jsonl]", "training.epochs=2"])
+    with pytest.raises(UserError, match=r"data.streaming reads data.train_files"):
+        load_job(sets=["data.streaming=true"])
+    assert load_job(sets=["data.streaming=true", "data.train_files=[a.jsonl]"]).config.max_steps == 300, "the default max_steps serves"
+
+
 def test_a_token_beyond_the_models_vocabulary_is_a_user_error(tmp_path: Path, tokenizer: Any) -> None:
     from acc_train.errors import UserError
 

@@ -23,6 +23,7 @@ rank reads that batch again, tokenizes it again and continues exactly; no token 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -64,6 +65,12 @@ class StreamPosition:
 
     def at_start(self) -> bool:
         return self.source is None and self.taken == 0 and self.offset == 0
+
+
+def _no_buffer_warning(record: logging.LogRecord) -> bool:
+    """datasets warns that a shuffle buffer's content is lost on every resume; with
+    ``buffer_size=1`` there is none (the buffer is empty after every example)."""
+    return not record.getMessage().startswith("Loading a state dict of a shuffle buffer")
 
 
 class StreamRows(IterableDataset):  # type: ignore[type-arg]
@@ -111,6 +118,7 @@ class StreamRows(IterableDataset):  # type: ignore[type-arg]
         from datasets.distributed import split_dataset_by_node
 
         if self._base is None:
+            logging.getLogger("datasets.iterable_dataset").addFilter(_no_buffer_warning)
             try:
                 self._base = datasets.load_dataset(self.format, data_files=self.files, split="train", streaming=True)
             except Exception as exc:  # noqa: BLE001 - datasets' errors about the user's files

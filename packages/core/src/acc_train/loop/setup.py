@@ -312,8 +312,9 @@ def _check_stream_world(path: Path, world_size: int) -> None:
     its own share of the stream, and another number of processes splits it otherwise."""
     from acc_train.checkpoint.manifest import read_manifest
 
-    written = read_manifest(path).get("world_size")
-    if written != world_size:
+    manifest = read_manifest(path)
+    written = manifest.get("world_size")
+    if (manifest.get("data") or {}).get("streaming") and written != world_size:  # (a cached run's: the data signature refuses)
         raise UserError(
             f"checkpoint {str(path)!r} was written by a streamed run (data.streaming) of {written} processes, and this run has {world_size}: "
             "each process's position is in its own share of the stream, which another number of processes splits otherwise",
