@@ -109,9 +109,10 @@ def _resumed_everywhere(make: Any, n: int, cuts: list[int]) -> None:
 @pytest.mark.parametrize("mode", ["text", "packed", "single"])
 def test_a_saved_position_continues_exactly(tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """Every cut: inside a read, inside a document cut between rows (text rows of 16 tokens,
-    documents up to 60), at a pass's end and in the next pass; two ranks, shuffled files."""
+    documents up to 60), at a pass's end and in the next pass; two ranks, shuffled files (3
+    files: every other example each; 4 for packed: whole files each)."""
     monkeypatch.setattr(stream_module, "READ_SIZE", 7)  # many reads, cuts in each
-    files = [_corpus(tmp_path / f"{i}.jsonl", 25, 10 + i, longest=60) for i in range(3)]
+    files = [_corpus(tmp_path / f"{i}.jsonl", 25, 10 + i, longest=60) for i in range(4 if mode == "packed" else 3)]
     cfg = _cfg(tmp_path, files, packing=mode != "single")
     kind = _Examples() if mode == "packed" else data_kind(cfg)
     for rank in (0, 1):
