@@ -152,7 +152,7 @@ def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
     built = setup.build_model(job, data)
     prepared = setup.prepare(job, accelerator, built, data)
     manager = setup.checkpoint_manager(job, accelerator, built, data)
-    state, resumed_from = setup.resume(job, manager, prepared, data.max_steps)
+    state, resumed_from = setup.resume(job, manager, prepared, data.max_steps, data.stream)
     claim_output_dir(job, accelerator, config_file)
     manager.discard_unfinished_saves()
 
@@ -168,7 +168,7 @@ def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
     )
     with reporting(run):
         call_lifecycle("acc_train_train_start", run=run)
-        result = run_loop(LoopInputs(run, state, prepared.scheduler, prepared.train_dl, prepared.eval_dl, data.sampler, data.batches_per_epoch, manager))
+        result = run_loop(LoopInputs(run, state, prepared.scheduler, prepared.train_dl, prepared.eval_dl, data.sampler, data.batches_per_epoch, manager, data.stream))
         summary = finish.summarize(run, state, result, resumed_from, data.prepared.summary(), started_at)
         finish.save_final(run, data.tokenizer)
         finish.write_run_json(run, summary)

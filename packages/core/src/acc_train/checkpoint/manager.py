@@ -81,6 +81,8 @@ class TrainerState:
     samples_in_epoch: int = 0
     tokens: int = 0
     elapsed_s: float = 0.0
+    #: data.streaming: each rank's position in its stream, by rank (``StreamRows.state_dict``)
+    stream: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

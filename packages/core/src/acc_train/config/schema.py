@@ -230,6 +230,14 @@ class JobConfig(Section):
     #: ``name`` plus the options whose schema the strategy owns.
     strategy: dict[str, Any] = Field(default_factory=lambda: {"name": DEFAULT_STRATEGY})
 
+    @model_validator(mode="after")
+    def _streaming_needs_steps(self) -> JobConfig:
+        if self.data.streaming and self.training.epochs is not None:
+            raise ValueError("data.streaming needs training.max_steps, not training.epochs (a stream's length is not known)")
+        if self.data.streaming and not self.data.train_files:
+            raise ValueError("data.streaming reads data.train_files (the demo corpus is made in memory); name them, or drop data.streaming")
+        return self
+
     @property
     def max_steps(self) -> int | None:
         if self.training.max_steps is None and self.training.epochs is None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from acc_train.data.pack import inner_starts
 
-__all__ = ["IGNORE_INDEX", "Split", "TokenRows", "Collate"]
+__all__ = ["IGNORE_INDEX", "Split", "TokenRows", "Collate", "token_row"]
 
 #: the label cross-entropy ignores (transformers' and torch's default)
 IGNORE_INDEX = -100
@@ -53,16 +53,22 @@ class TokenRows:
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         s = self.split
         begin, end = (int(x) for x in s.rows[i])
-        ids = np.asarray(s.tokens[begin:end], dtype=np.int64)
-        labels = ids.copy()
-        if s.loss is not None:
-            labels[np.asarray(s.loss[begin:end]) == 0] = IGNORE_INDEX
-        inner = inner_starts(s.starts, begin, end) - begin
-        labels[inner] = IGNORE_INDEX
-        segment_start = np.zeros(end - begin, dtype=np.int64)
-        segment_start[inner] = inner
-        positions = np.arange(end - begin, dtype=np.int64) - np.maximum.accumulate(segment_start)
-        return {"input_ids": ids, "labels": labels, "position_ids": positions}
+        loss = None if s.loss is None else np.asarray(s.loss[begin:end])
+        return token_row(np.asarray(s.tokens[begin:end], dtype=np.int64), loss, inner_starts(s.starts, begin, end) - begin)
+
+
+def token_row(ids: np.ndarray, loss: np.ndarray | None, inner: np.ndarray) -> dict[str, np.ndarray]:
+    """One row as the model takes it, from its token ids (int64), loss flags (None: all count)
+    and the offsets of the examples that start strictly inside it (position ids restart there,
+    and their first token's label is -100). Shared by cached and streamed rows."""
+    labels = ids.copy()
+    if loss is not None:
+        labels[loss == 0] = IGNORE_INDEX
+    labels[inner] = IGNORE_INDEX
+    segment_start = np.zeros(len(ids), dtype=np.int64)
+    segment_start[inner] = inner
+    positions = np.arange(len(ids), dtype=np.int64) - np.maximum.accumulate(segment_start)
+    return {"input_ids": ids, "labels": labels, "position_ids": positions}
 
 
 @dataclass

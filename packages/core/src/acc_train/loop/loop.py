@@ -23,6 +23,7 @@ from acc_train.run import RunContext
 
 if TYPE_CHECKING:
     from acc_train.data import ResumableSampler
+    from acc_train.data.stream import StreamRows
 
 __all__ = ["WARMUP_STEPS", "LoopInputs", "LoopResult", "run_loop", "evaluate"]
 
@@ -40,10 +41,12 @@ class LoopInputs:
     scheduler: Any
     train_dl: Any
     eval_dl: Any | None
-    sampler: ResumableSampler
+    sampler: ResumableSampler | None
     #: micro-batches each rank reads in one epoch
     batches_per_epoch: int
     manager: CheckpointManager
+    #: data.streaming: this rank's stream (no sampler, no epochs; its position goes in every checkpoint)
+    stream: StreamRows | None = None
 
 
 @dataclass
@@ -114,8 +117,9 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     model.train()
 
     while state.step < run.max_steps:
-        inputs.train_dl.set_epoch(state.epoch)  # Accelerate's loader re-sets the sampler's epoch from its own count
-        inputs.sampler.set_start(state.batches_in_epoch * world * t_cfg.micro_batch_size)
+        if inputs.sampler is not None:  # (a stream continues from its own position, endlessly)
+            inputs.train_dl.set_epoch(state.epoch)  # Accelerate's loader re-sets the sampler's epoch from its own count
+            inputs.sampler.set_start(state.batches_in_epoch * world * t_cfg.micro_batch_size)
         for batch in inputs.train_dl:
             if result.first_batch_at is None:
                 result.first_batch_at = time.time()
@@ -169,6 +173,10 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
             every = cfg.checkpoint.every
             if (every and state.step % every == 0) or last:
                 state.elapsed_s = elapsed
+                if inputs.stream is not None:  # every rank's position after the rows this step used
+                    from accelerate.utils import gather_object
+
+                    state.stream = gather_object([inputs.stream.state_dict()])
                 manager.save(model, optimizer, scheduler, state)
             t_step = time.perf_counter()  # evaluation and saving stay out of the step time
             if last:

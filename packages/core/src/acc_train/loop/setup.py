@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
     from acc_train.config import ResolvedJob
     from acc_train.data import PreparedData, ResumableSampler
+    from acc_train.data.stream import StreamedData, StreamRows
 
 __all__ = ["TrainData", "BuiltModel", "Prepared", "make_accelerator", "load_data", "build_model", "prepare", "checkpoint_manager", "resume"]
 
@@ -31,7 +32,8 @@ class TrainData:
     """The job's data, ready to be prepared: loaders over rows of token ids and labels."""
 
     tokenizer: Any
-    sampler: ResumableSampler
+    #: the order of the cached rows (None: streamed, each rank's stream keeps its own position)
+    sampler: ResumableSampler | None
     train_dl: Any
     eval_dl: Any | None
     #: rows of training data (part of the data signature a resume must match)
@@ -42,7 +44,9 @@ class TrainData:
     #: the largest token id in the data, checked against the model's vocabulary
     top_token: int
     #: what was prepared (run.json's ``data`` section)
-    prepared: PreparedData
+    prepared: PreparedData | StreamedData
+    #: data.streaming: this rank's stream, whose position every checkpoint saves
+    stream: StreamRows | None = None
 
 
 @dataclass
@@ -103,6 +107,8 @@ def load_data(job: ResolvedJob, accelerator: Accelerator) -> TrainData:
     t_cfg = cfg.training
     world, mbs, gas = accelerator.num_processes, t_cfg.micro_batch_size, t_cfg.gradient_accumulation_steps
     tokenizer = load_tokenizer(cfg.model)
+    if cfg.data.streaming:
+        return _streamed(job, accelerator, tokenizer)
     if cfg.data.train_files:
         with accelerator.local_main_process_first():
             prepared = prepare_data(cfg.data, tokenizer, since=launch_time())
@@ -125,6 +131,37 @@ def load_data(job: ResolvedJob, accelerator: Accelerator) -> TrainData:
     batches_per_epoch = sampler.usable // (world * mbs)
     max_steps = cfg.max_steps or t_cfg.epochs * (batches_per_epoch // gas)  # type: ignore[operator]
     return TrainData(tokenizer, sampler, train_dl, eval_dl, len(train), batches_per_epoch, max_steps, prepared.max_token, prepared)
+
+
+def _streamed(job: ResolvedJob, accelerator: Accelerator, tokenizer: Any) -> TrainData:
+    """data.streaming: this rank's share of the training files, read, tokenized and packed as
+    training goes; its loader is not prepared (:class:`acc_train.data.stream.DeviceBatches`).
+    Eval reads the first eval_batches x processes x micro-batch rows of data.eval_files the same
+    way, and they are prepared like the cached path's (data.eval_fraction does not apply)."""
+    import sys
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from acc_train.data import Collate, data_kind
+    from acc_train.data.stream import DeviceBatches, StreamedData, StreamRows, first_rows
+
+    cfg = job.config
+    d, t = cfg.data, cfg.training
+    if not d.train_files or cfg.max_steps is None:  # the config's own check says so before launch
+        raise UserError("data.streaming needs data.train_files and training.max_steps", where="data.streaming", hint="set both, or data.streaming=false")
+    kind = data_kind(d)
+    stream = StreamRows(d.train_files, "data.train_files", d, kind, tokenizer, accelerator.process_index, accelerator.num_processes, t.seed, d.shuffle)
+    collate = Collate(d.seq_len, stream.packing, _pad_id(tokenizer))
+    # its own generator, as the cached loader's: starting the iterator on resume must not draw from the global RNG
+    loader = DataLoader(stream, batch_size=t.micro_batch_size, collate_fn=collate, generator=torch.Generator())
+    train_dl = DeviceBatches(loader, accelerator.device)
+    eval_dl = None
+    if d.eval_files:
+        rows = first_rows(d.eval_files, "data.eval_files", d, kind, tokenizer, t.eval_batches * accelerator.num_processes * t.micro_batch_size)
+        eval_dl = DataLoader(rows, batch_size=t.micro_batch_size, shuffle=False, collate_fn=collate, generator=torch.Generator())
+    # no epochs: batches_per_epoch is never reached, and the vocabulary is checked as tokens come
+    return TrainData(tokenizer, None, train_dl, eval_dl, 0, sys.maxsize, cfg.max_steps, -1, StreamedData(kind.name, stream.packing, stream), stream)
 
 
 def launch_time() -> float | None:
@@ -154,6 +191,8 @@ def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
 
     cfg = job.config
     model = build(cfg)
+    if data.stream is not None:  # streamed: checked as the tokens come
+        data.stream.vocab_size = model.config.vocab_size
     if data.top_token >= model.config.vocab_size:
         raise UserError(
             f"the data holds token id {data.top_token}, but the model's vocab_size is {model.config.vocab_size}",
@@ -182,8 +221,17 @@ def prepare(job: ResolvedJob, accelerator: Accelerator, built: BuiltModel, data:
 
     cfg = job.config
     optimizer = _optimizer(built.model, cfg.optimizer)
-    objects = [built.model, optimizer, data.train_dl] + ([data.eval_dl] if data.eval_dl is not None else [])
-    model, optimizer, train_dl, *rest = accelerator.prepare(*objects)
+    streamed = data.stream is not None  # a stream's loader is not prepared (see _streamed)
+    objects = [built.model, optimizer] + ([] if streamed else [data.train_dl]) + ([data.eval_dl] if data.eval_dl is not None else [])
+    stand_in = streamed and data.eval_dl is None
+    if stand_in:  # a strategy may take the micro-batch size from a prepared loader ("auto"): an empty one says it
+        from torch.utils.data import DataLoader
+
+        objects.append(DataLoader([], batch_size=cfg.training.micro_batch_size))
+    model, optimizer, *rest = accelerator.prepare(*objects)
+    if stand_in:
+        rest.pop()
+    train_dl = data.train_dl if streamed else rest.pop(0)
     warmup = cfg.scheduler.warmup_steps
     if warmup is None:
         warmup = math.ceil(cfg.scheduler.warmup_ratio * data.max_steps)
@@ -196,6 +244,22 @@ def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltM
     cfg = job.config
     t_cfg = cfg.training
     fmt = checkpoint_formats().get(job.strategy.checkpoint_format_name())
+    # the data order is a function of these alone: processes, micro-batch size and
+    # accumulation may change on resume as long as their product does not
+    signature = {
+        "global_batch": accelerator.num_processes * t_cfg.micro_batch_size * t_cfg.gradient_accumulation_steps,
+        "seed": t_cfg.seed,
+        "shuffle": cfg.data.shuffle,
+        "seq_len": cfg.data.seq_len,
+        "train_files": cfg.data.train_files,
+        "model": cfg.model.name_or_path or "demo",
+        "kind": data.prepared.kind,
+        "packing": data.prepared.packing,
+    }
+    if data.stream is None:
+        signature.update(train_rows=data.train_rows, train_tokens=data.prepared.counts["tokens"])  # type: ignore[union-attr]
+    else:  # each rank's position is in its own share of the stream (resume() refuses another world size first)
+        signature.update(streaming=True, world_size=accelerator.num_processes)
     return CheckpointManager(
         accelerator,
         Path(cfg.output_dir),
@@ -208,27 +272,14 @@ def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltM
             "model_class": built.class_name,
             "versions": library_versions(),
         },
-        # the data order is a function of these alone: processes, micro-batch size and
-        # accumulation may change on resume as long as their product does not
-        data_signature={
-            "global_batch": accelerator.num_processes * t_cfg.micro_batch_size * t_cfg.gradient_accumulation_steps,
-            "seed": t_cfg.seed,
-            "shuffle": cfg.data.shuffle,
-            "seq_len": cfg.data.seq_len,
-            "train_files": cfg.data.train_files,
-            "model": cfg.model.name_or_path or "demo",
-            "kind": data.prepared.kind,
-            "packing": data.prepared.packing,
-            "train_rows": data.train_rows,
-            "train_tokens": data.prepared.counts["tokens"],
-        },
+        data_signature=signature,
         seed=t_cfg.seed,
         model_config=built.config,
         async_save=cfg.checkpoint.async_save,
     )
 
 
-def resume(job: ResolvedJob, manager: CheckpointManager, prepared: Prepared, max_steps: int) -> tuple[TrainerState, str | None]:
+def resume(job: ResolvedJob, manager: CheckpointManager, prepared: Prepared, max_steps: int, stream: StreamRows | None = None) -> tuple[TrainerState, str | None]:
     """Restore ``--resume``'s checkpoint, if there is one: (where training stands, its path).
 
     The command has said which checkpoint ``latest`` stands for when the pointer was not
@@ -238,7 +289,13 @@ def resume(job: ResolvedJob, manager: CheckpointManager, prepared: Prepared, max
     path = find_checkpoint(Path(cfg.output_dir), cfg.resume) if cfg.resume else None
     if path is None:
         return TrainerState(), None
+    if stream is not None:
+        _check_stream_world(path, stream.world_size)
     state = manager.load(path, prepared.model, prepared.optimizer, prepared.scheduler)
+    if stream is not None:  # each rank continues its own stream
+        if not state.stream or len(state.stream) != stream.world_size:
+            raise UserError(f"checkpoint {str(path)!r} holds no stream position for {stream.world_size} processes", where="--resume", hint="a checkpoint of a cached run resumes with data.streaming=false")
+        stream.load_state_dict(state.stream[stream.rank])
     per_batch = manager.accelerator.num_processes * cfg.training.micro_batch_size
     state.batches_in_epoch = state.samples_in_epoch // per_batch  # in this run's micro-batches
     if state.step >= max_steps:
@@ -248,3 +305,19 @@ def resume(job: ResolvedJob, manager: CheckpointManager, prepared: Prepared, max
             hint="raise --max-steps to train further",
         )
     return state, str(path)
+
+
+def _check_stream_world(path: Path, world_size: int) -> None:
+    """A streamed run resumes under the world size that wrote it: each rank's position is in
+    its own share of the stream, and another number of processes splits it otherwise."""
+    from acc_train.checkpoint.manifest import read_manifest
+
+    manifest = read_manifest(path)
+    written = manifest.get("world_size")
+    if (manifest.get("data") or {}).get("streaming") and written != world_size:  # (a cached run's: the data signature refuses)
+        raise UserError(
+            f"checkpoint {str(path)!r} was written by a streamed run (data.streaming) of {written} processes, and this run has {world_size}: "
+            "each process's position is in its own share of the stream, which another number of processes splits otherwise",
+            where="--num-processes",
+            hint=f"resume with {written} processes in all (--num-processes x --num-machines); the cached data (data.streaming=false) resumes under any world size, but not from this checkpoint",
+        )
