@@ -186,6 +186,7 @@ class StreamRows(IterableDataset):  # type: ignore[type-arg]
             begin = start.taken if first == 0 else 0
             for i in range(begin, len(batch["input_ids"])):
                 example, flags, fate = batch["input_ids"][i], batch["loss_mask"][i], batch["fate"][i]
+                flags = flags or [1] * len(example)  # an empty mask: every token counts
                 offset = start.offset if (first == 0 and i == begin) else 0
                 kept = fate in (KEPT, TRUNCATED)
                 if kept and self.mode == "packed" and ids and len(ids) + len(example) > seq_len:  # next-fit
