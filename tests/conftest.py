@@ -56,6 +56,21 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_bf16_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """The tiny model stored in bf16, as hub checkpoints are (its config.json says bfloat16)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-bf16-model")
+    shutil.copytree(tiny_model_dir, out, dirs_exist_ok=True)  # the tokenizer's files
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).to(torch.bfloat16).save_pretrained(out)
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """jsonl train and eval files of word salad over the tiny tokenizer's vocabulary."""
     import random
@@ -74,9 +89,11 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def tiny_job_args(model: Path, data: dict[str, Path], out: Path, *extra: str) -> list[str]:
-    """CLI arguments for a tiny, fast, fp32 job on the saved model and data."""
+    """CLI arguments for a tiny, fast, fp32 job on the saved model and data. The tiny model is
+    randomly initialised: it trains at the demo's learning rate, not fine-tuning's default."""
     return [
         "--set", f"model.name_or_path={model}",
+        "--lr", "1e-3",
         "--set", f"data.train_files=[{data['train']}]",
         "--set", f"data.eval_files=[{data['eval']}]",
         "--set", "data.seq_len=16",

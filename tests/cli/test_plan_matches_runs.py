@@ -1,6 +1,10 @@
 """`acc-train plan` against what real runs measure: for the tiny model on 2 CPU ranks, the plan's
 model-state bytes per rank agree with run.json's ``per_rank[*].model_state_bytes`` under DDP,
-FSDP and ZeRO-3. The same short runs show the report that training writes when it ends."""
+FSDP and ZeRO-3. The same short runs show the report that training writes when it ends.
+
+The tiny model stored in bf16 (as hub checkpoints are) trains with fp32 masters under every
+strategy (``model.dtype: auto``, bf16 mixed precision), as run.json's measured ``param_dtype`` and
+``master_dtype`` show, and the plan agrees with it; pure bf16 happens only when asked for."""
 
 from __future__ import annotations
 
@@ -56,3 +60,70 @@ def test_training_ends_with_the_summary_table_and_report_png(runs: dict, strateg
         assert key in stdout, key
     assert "step-000002 (step 2, latest)" in stdout
     assert (run / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+#: the bf16-stored model under ``model.dtype: auto`` and bf16 mixed precision, by --strategy: what
+#: each rank holds and what its optimizer steps (DeepSpeed's bf16 mode casts the module and
+#: steps fp32 master partitions; DDP and FSDP hold fp32 parameters and autocast)
+BF16_STORED = {"ddp": ("float32", "float32"), "fsdp": ("float32", "float32"), "zero3": ("bfloat16", "float32")}
+
+
+def _launch(out: Path, model: Path, data: dict[str, Path], *extra: str) -> tuple[Path, str]:
+    args = tiny_job_args(model, data, out, "--num-processes", "2", "--max-steps", "2", "--set", "checkpoint.every=0", *extra)
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(tmp_path_factory: pytest.TempPathFactory, tiny_bf16_model_dir: Path, tiny_data: dict[str, Path]) -> dict[str, tuple[Path, str]]:
+    """The bf16-stored model, 2 steps on 2 processes: one run per strategy in bf16 mixed precision
+    (``model.dtype: auto``), and one DDP run in pure bf16 (``model.dtype: bf16``)."""
+    runs = {}
+    for name in BF16_STORED:
+        out = tmp_path_factory.mktemp(f"bf16-{name}") / "run"
+        runs[name] = _launch(out, tiny_bf16_model_dir, tiny_data, "--strategy", name, "--mixed-precision", "bf16")
+    out = tmp_path_factory.mktemp("pure-bf16-ddp") / "run"
+    # tiny_job_args asks for --mixed-precision no: the compute follows the bf16 weights
+    runs["pure-ddp"] = _launch(out, tiny_bf16_model_dir, tiny_data, "--strategy", "ddp", "--set", "model.dtype=bf16")
+    return runs
+
+
+@pytest.fixture(scope="module")
+def bf16_plans(tiny_bf16_model_dir: Path) -> dict[str, dict[str, dict]]:
+    """The plan of the bf16-stored model in bf16 mixed precision, and in pure bf16."""
+    plans = {}
+    for name, args in (("mixed", ("--mixed-precision", "bf16")), ("pure", ("--set", "model.dtype=bf16"))):
+        proc = run_cli("plan", "--json", "--model", str(tiny_bf16_model_dir), "--num-processes", "2", *args)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        plans[name] = {r["label"]: r for r in json.loads(proc.stdout)["rows"]}
+    return plans
+
+
+def _assert_plan_agrees(summary: dict, row: dict) -> None:
+    for rank in summary["per_rank"]:
+        measured = rank["model_state_bytes"]
+        held = measured["params"] + measured["grads"] + measured["optimizer"]
+        assert row["model_state"] == pytest.approx(held, rel=0.10), (rank["rank"], measured, row)
+
+
+@pytest.mark.parametrize("strategy", sorted(BF16_STORED))
+def test_a_bf16_checkpoint_trains_with_fp32_masters_and_the_plan_agrees(bf16_runs: dict, bf16_plans: dict, strategy: str) -> None:
+    summary = json.loads((bf16_runs[strategy][0] / "run.json").read_text())
+    assert summary["mixed_precision"] == "bf16" and summary["world_size"] == 2
+    param_dtype, master_dtype = BF16_STORED[strategy]
+    for rank in summary["per_rank"]:
+        assert (rank["param_dtype"], rank["master_dtype"]) == (param_dtype, master_dtype), rank
+    _assert_plan_agrees(summary, bf16_plans["mixed"][STRATEGIES[strategy]])
+    assert "no fp32 master copy" not in bf16_runs[strategy][1]  # no pure-bf16 warning unless asked
+
+
+def test_pure_bf16_only_when_asked_with_one_warning_and_the_plan_agrees(bf16_runs: dict, bf16_plans: dict) -> None:
+    run, stderr = bf16_runs["pure-ddp"]
+    summary = json.loads((run / "run.json").read_text())
+    assert summary["mixed_precision"] == "no"
+    for rank in summary["per_rank"]:
+        assert (rank["param_dtype"], rank["master_dtype"]) == ("bfloat16", "bfloat16"), rank
+        assert rank["model_state_bytes"]["params"] == summary["model_parameters"] * 2
+    assert stderr.count("no fp32 master copy") == 1, stderr[-3000:]
+    _assert_plan_agrees(summary, bf16_plans["pure"]["ddp"])

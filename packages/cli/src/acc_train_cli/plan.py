@@ -65,7 +65,8 @@ def build_plan(job: Any) -> dict[str, Any]:
     shape = model_shape(cfg)
     nproc = cfg.launch.num_processes or default_num_processes()
     precision = _precision(cfg.training.mixed_precision)
-    inp = PlanInput(shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc)
+    dtype = "fp32" if cfg.model.dtype == "auto" else cfg.model.dtype  # whatever the checkpoint is stored in
+    inp = PlanInput(shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc, dtype=dtype)
     mbs, seq = cfg.training.micro_batch_size, cfg.data.seq_len
     rows: list[dict[str, Any]] = []
     job_matched = False
@@ -76,7 +77,7 @@ def build_plan(job: Any) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - one plugin's broken accounting must not hide the others
             click.echo(f"warning: strategy {strategy.name!r} could not plan {label!r}: {type(exc).__name__}: {exc}", err=True)
             return
-        act = activation_bytes(shape, mbs, seq, precision, recompute=mp.recompute)
+        act = activation_bytes(shape, mbs, seq, precision if inp.param_bytes == 4 else dtype, recompute=mp.recompute)
         rows.append(
             {
                 "label": label,
@@ -110,6 +111,7 @@ def build_plan(job: Any) -> dict[str, Any]:
         "num_machines": cfg.launch.num_machines,
         "world_size": inp.world_size,
         "precision": precision,
+        "model_dtype": dtype,
         "micro_batch_size": mbs,
         "seq_len": seq,
         "activation_formula": ACTIVATION_FORMULA,
@@ -119,6 +121,8 @@ def build_plan(job: Any) -> dict[str, Any]:
 
 def _print_table(data: dict[str, Any]) -> None:
     precision = {"no": "fp32", "bf16": "bf16 mixed precision", "fp16": "fp16 mixed precision"}[data["precision"]]
+    if data.get("model_dtype", "fp32") != "fp32":
+        precision = f"pure {data['model_dtype']} (model.dtype: no fp32 master copy where the optimizer steps the parameters)"
     click.echo(
         f"model: {data['model']}, psi = {data['parameters']:,} parameters; N = {data['world_size']} processes"
         + (f" ({data['num_processes']} on each of {data['num_machines']} machines)" if data["num_machines"] > 1 else "")
@@ -157,7 +161,8 @@ def _print_table(data: dict[str, Any]) -> None:
             click.echo(f"  {r['label']}: {r['note']}")
     click.echo(f"* {data['activation_formula']}; s = seq_len, b = micro-batch, h = hidden size, a = heads, L = layers, V = vocab.")
     click.echo("  The activation figure is an estimate, the same under every data-parallel strategy. The model-state figures")
-    click.echo("  are each strategy's own accounting; in fp32 they match what run.json measures (BENCHMARKS.md).")
+    click.echo("  are each strategy's own accounting, for parameters held in fp32 (model.dtype auto or fp32: whatever the")
+    click.echo("  checkpoint is stored in) or pure bf16/fp16; they match what run.json measures (BENCHMARKS.md).")
 
 
 @click.command()

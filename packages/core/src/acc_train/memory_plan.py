@@ -3,8 +3,9 @@
 ``acc-train plan`` asks every installed strategy (:meth:`acc_train.Strategy.plan_memory`) what
 one rank holds of the model state (parameters, gradients, optimizer state) for a model of
 ``psi`` parameters on ``N`` ranks, and adds an estimate of the activations. The model is
-counted on the meta device, so planning a 70B model needs no memory for it. The fp32 figures
-are the ones ``run.json`` measures (``per_rank[*].model_state_bytes``, see BENCHMARKS.md).
+counted on the meta device, so planning a 70B model needs no memory for it. The figures are
+the ones ``run.json`` measures (``per_rank[*].model_state_bytes``, see BENCHMARKS.md), whatever
+dtype the checkpoint is stored in: ``model.dtype`` decides what the parameters are held in.
 """
 
 from __future__ import annotations
@@ -45,10 +46,24 @@ class PlanInput:
     precision: str
     #: processes per machine (hybrid sharding shards within a machine).
     local_world_size: int = 0
+    #: ``model.dtype``: what the parameters are loaded and held in (``auto`` is fp32); ``bf16``
+    #: or ``fp16`` is pure low-precision training.
+    dtype: str = "fp32"
 
     @property
     def low_precision(self) -> bool:
+        """Mixed-precision compute (``training.mixed_precision`` bf16 or fp16)."""
         return self.precision in ("bf16", "fp16")
+
+    @property
+    def low_precision_weights(self) -> bool:
+        """Pure low-precision training: the parameters themselves are bf16/fp16 (``model.dtype``)."""
+        return self.dtype in ("bf16", "fp16")
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of a parameter as the model is loaded (4, or 2 under pure low precision)."""
+        return 2 if self.low_precision_weights else 4
 
 
 @dataclass(frozen=True)
@@ -82,10 +97,14 @@ class MemoryPlan:
 def replicated(plan: PlanInput, note: str = "") -> MemoryPlan:
     """A full replica on every rank (DDP): fp32 parameters and gradients, Adam's two fp32
     moments stepped in place. Under Accelerate's bf16/fp16 autocast the parameters, gradients
-    and moments stay fp32 (only activations are low precision), so the bytes are the same."""
-    psi = plan.parameters
-    default = "autocast: parameters, gradients and moments stay fp32" if plan.low_precision else ""
-    return MemoryPlan(4 * psi, 4 * psi, 8 * psi, "4psi + 4psi + 8psi = 16psi", note=note or default)
+    and moments stay fp32 (only activations are low precision), so the bytes are the same.
+    Under ``model.dtype: bf16`` they are all 2 bytes: 8psi."""
+    psi, b = plan.parameters, plan.param_bytes
+    if plan.low_precision_weights:
+        default = f"model.dtype {plan.dtype}: parameters, gradients and moments are {plan.dtype}, no fp32 master copy"
+    else:
+        default = "autocast: parameters, gradients and moments stay fp32" if plan.low_precision else ""
+    return MemoryPlan(b * psi, b * psi, 2 * b * psi, f"{b}psi + {b}psi + {2 * b}psi = {4 * b}psi", note=note or default)
 
 
 @dataclass(frozen=True)

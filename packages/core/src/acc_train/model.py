@@ -10,7 +10,7 @@ from acc_train.errors import UserError
 if TYPE_CHECKING:
     from acc_train.config import JobConfig, ModelConfig
 
-__all__ = ["DEMO_MODEL_CONFIG", "build_model", "load_tokenizer", "check_model_path", "check_model_builds", "meta_model", "model_config", "config_source"]
+__all__ = ["DEMO_MODEL_CONFIG", "TRAINING_DTYPES", "training_dtype", "build_model", "load_tokenizer", "check_model_path", "check_model_builds", "meta_model", "model_config", "config_source"]
 
 #: The demo model: a small Llama over the 256 byte values; ``model.config`` overrides these.
 DEMO_MODEL_CONFIG: dict[str, Any] = {
@@ -156,14 +156,29 @@ def check_model_builds(config: JobConfig) -> Any | None:
     return load_tokenizer(config.model)
 
 
+#: ``model.dtype`` -> the torch dtype the model's parameters are held (and stepped) in
+TRAINING_DTYPES = {"auto": "float32", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def training_dtype(mcfg: ModelConfig) -> Any:
+    """The torch dtype ``model.dtype`` holds the parameters in: fp32 unless pure low-precision
+    training is asked for, whatever dtype the checkpoint is stored in (transformers 5 would load
+    a bf16 hub checkpoint as bf16, and train it with no fp32 master copy)."""
+    import torch
+
+    return getattr(torch, TRAINING_DTYPES[mcfg.dtype])
+
+
 def build_model(config: JobConfig) -> Any:
+    """The job's model, its parameters in :func:`training_dtype`."""
     import transformers
 
     mcfg = model_config(config)
+    dtype = training_dtype(config.model)
     try:
         if config.model.name_or_path is None:
-            return transformers.LlamaForCausalLM(mcfg)
-        return _from_pretrained(transformers.AutoModelForCausalLM, config.model, "model", config=mcfg)
+            return transformers.LlamaForCausalLM(mcfg).to(dtype)
+        return _from_pretrained(transformers.AutoModelForCausalLM, config.model, "model", config=mcfg, dtype=dtype)
     except BUILD_ERRORS as exc:
         raise _refuse_config(config, exc, "cannot build the model: ", "check the config against the weights saved with it; `acc-train plan` shows the memory a model needs per rank") from None
 

@@ -4,13 +4,16 @@ This is what sharding divides (the ZeRO paper's "model states"), counted from th
 themselves rather than from a formula, so ``run.json`` and ``bench/bench_memory.py`` can hold
 each strategy to its formula. A strategy whose library keeps state outside the torch optimizer
 (DeepSpeed's flat partitions) supplies its own :class:`ModelStateMeter`.
+
+The meter also says which dtypes those tensors have (``run.json``'s ``param_dtype`` and
+``master_dtype``), read from the same live objects, never from the config.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ModelStateMeter", "TorchOptimizerMeter", "local_nbytes"]
+__all__ = ["ModelStateMeter", "TorchOptimizerMeter", "local_nbytes", "dtype_name"]
 
 
 def local_nbytes(tensor: Any) -> int:
@@ -20,6 +23,16 @@ def local_nbytes(tensor: Any) -> int:
     if hasattr(tensor, "to_local"):  # DTensor: count this rank's shard
         tensor = tensor.to_local()
     return tensor.numel() * tensor.element_size()
+
+
+def dtype_name(tensors: Any) -> str | None:
+    """The dtype of ``tensors`` (a DTensor's local shard) as torch names it without ``torch.``:
+    ``float32``; several joined by ``+`` (``bfloat16+float32``); None for none."""
+    names = set()
+    for t in tensors:
+        if t is not None:
+            names.add(str((t.to_local() if hasattr(t, "to_local") else t).dtype).removeprefix("torch."))
+    return "+".join(sorted(names)) or None
 
 
 class ModelStateMeter:
@@ -33,6 +46,13 @@ class ModelStateMeter:
     def result(self) -> dict[str, int]:
         """``{"params": ..., "grads": ..., "optimizer": ...}`` in bytes held by this rank."""
         raise NotImplementedError
+
+    def dtypes(self) -> dict[str, str | None]:
+        """``{"param_dtype": ..., "master_dtype": ...}`` (:func:`dtype_name`): the trainable
+        parameters as this rank holds them, and the weights its optimizer steps (the parameters
+        themselves for a torch optimizer; a library's fp32 master copy under its mixed
+        precision). None where the meter cannot tell."""
+        return {"param_dtype": None, "master_dtype": None}
 
 
 class TorchOptimizerMeter(ModelStateMeter):
@@ -57,3 +77,9 @@ class TorchOptimizerMeter(ModelStateMeter):
         state = self.torch_optimizer.state
         optimizer = sum(local_nbytes(v) for p in params for v in state.get(p, {}).values() if isinstance(v, torch.Tensor))
         return {"params": sum(local_nbytes(p) for p in params), "grads": self.grads or 0, "optimizer": optimizer}
+
+    def dtypes(self) -> dict[str, str | None]:
+        """A torch optimizer steps the parameters themselves: FSDP's sharded parameters, DDP's
+        replica. Their dtype is both."""
+        held = dtype_name(self._params())
+        return {"param_dtype": held, "master_dtype": held}

@@ -211,6 +211,17 @@ class Strategy(ABC, Generic[OptionsT]):
         """Extra keys for ``run.json`` (e.g. a ZeRO stage)."""
         return {}
 
+    def low_precision_warning(self, dtype: str) -> str:
+        """The one warning a run with ``model.dtype: bf16``/``fp16`` (``dtype``) prints: what this
+        strategy then keeps in which precision. The default suits strategies whose torch
+        optimizer steps the parameters themselves (DDP, FSDP); one whose library keeps its own
+        master copy says so."""
+        return (
+            f"model.dtype: {dtype} trains the weights in {dtype} with no fp32 master copy: parameters, gradients and "
+            f"optimizer moments are {dtype}, and updates smaller than its precision round away. "
+            "model.dtype: auto keeps fp32 masters, with training.mixed_precision for the compute"
+        )
+
     def all_names(self) -> list[str]:
         return [self.name, *self.aliases, *self.presets]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from acc_train.api import ModelStateMeter, local_nbytes
+from acc_train.api import ModelStateMeter, dtype_name, local_nbytes
 
 __all__ = ["ZeroMeter"]
 
@@ -20,6 +20,9 @@ class ZeroMeter(ModelStateMeter):
       ``backward``, so the engine's methods are wrapped to look before they free anything;
     - optimizer: the fp32 master partitions and the torch optimizer's state (Adam moments).
       A master partition that shares storage with the parameters is counted once.
+
+    ``dtypes()`` reads the same tensors: the parameters as held (bf16 under DeepSpeed's bf16
+    mode, which casts the module) and the master partitions the optimizer steps (fp32 there).
     """
 
     def __init__(self, engine: Any) -> None:
@@ -47,13 +50,31 @@ class ZeroMeter(ModelStateMeter):
         partitions = [t for v in averaged.values() if v is not None for t in (v if isinstance(v, list) else [v])]
         return on_params + sum(local_nbytes(t) for t in partitions)
 
+    def _held(self) -> list[Any]:
+        """The module's parameters as this rank holds them (stage 3: its partitions)."""
+        module_params = list(self.engine.module.parameters())
+        return [p.ds_tensor for p in module_params] if self.stage == 3 else module_params
+
+    def _masters(self) -> list[Any]:
+        """The weights the optimizer steps: ZeRO-3's and ZeRO-1/2's master partitions, or the
+        bf16 optimizer's (what DeepSpeed runs ZeRO-1 with under bf16)."""
+        for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups", "fp32_groups_flat_partition"):
+            masters = getattr(self.zero, name, None)
+            if masters:
+                return list(masters)
+        return [p for group in self.zero.param_groups for p in group["params"]]
+
+    def dtypes(self) -> dict[str, str | None]:
+        trainable = [p for p in self.engine.module.parameters() if p.requires_grad]
+        held = [p.ds_tensor for p in trainable] if self.stage == 3 else trainable
+        return {"param_dtype": dtype_name(held), "master_dtype": dtype_name(self._masters())}
+
     def result(self) -> dict[str, int]:
         import torch
 
-        module_params = list(self.engine.module.parameters())
-        held = [p.ds_tensor for p in module_params] if self.stage == 3 else module_params
+        held = self._held()
         storages = {t.untyped_storage().data_ptr() for t in held}
-        masters = self.zero.fp32_partitioned_groups_flat if self.stage == 3 else self.zero.single_partition_of_fp32_groups
+        masters = self._masters()
         master_bytes = sum(local_nbytes(t) for t in masters if t.untyped_storage().data_ptr() not in storages)
         state = self.zero.optimizer.state
         moments = sum(local_nbytes(v) for s in state.values() for v in s.values() if isinstance(v, torch.Tensor))

@@ -27,6 +27,16 @@ Offload = Literal["none", "cpu", "nvme"]
 #: DeepSpeed's default ``reduce_bucket_size`` (elements)
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
 
+#: What ZeRO keeps of a model loaded in bf16/fp16 (``model.dtype``) when its own bf16/fp16 mode is
+#: off (``training.mixed_precision: no``), measured with DeepSpeed 0.19.8 on 2 CPU ranks, by ZeRO
+#: ``stage``; stage 0 was not measured (its checkpoint save fails here, fp32 too)
+_LOW_PRECISION_WEIGHTS = {
+    0: "ZeRO-0 with model.dtype {dtype} was not measured; planned as ZeRO-1/2",
+    1: "ZeRO-1/2 keep the parameters and gradients in {dtype} but step fp32 master partitions (12 bytes a parameter, sharded)",
+    2: "ZeRO-1/2 keep the parameters and gradients in {dtype} but step fp32 master partitions (12 bytes a parameter, sharded)",
+    3: "ZeRO-3 without its bf16/fp16 mode partitions the parameters in fp32, so they, their gradients and the masters are fp32",
+}
+
 #: options that shape zero_optimization; a config_file decides them instead
 ZERO_KEYS = (
     "stage", "offload_optimizer", "offload_param", "nvme_path", "zero3_init_flag", "zero3_save_16bit_model",
@@ -194,6 +204,16 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
         wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
         return {"zero_stage": wrapped.engine.zero_optimization_stage() if wrapped is not None else None}
 
+    def low_precision_warning(self, dtype: str) -> str:
+        """What ZeRO makes of parameters loaded in bf16/fp16 without its own bf16/fp16 mode
+        (measured with DeepSpeed 0.19.8, see the plan's note)."""
+        return (
+            f"model.dtype: {dtype} under DeepSpeed ZeRO-{self._stage()} is not pure {dtype} training: "
+            + _LOW_PRECISION_WEIGHTS[self._stage()].format(dtype=dtype)
+            + ". For fp32 masters with bf16 compute use model.dtype: auto with training.mixed_precision: bf16 "
+            "(DeepSpeed's bf16 mode); run.json's per-rank param_dtype and master_dtype show what was held and stepped"
+        )
+
     def parameter_shards(self, machine: Machine) -> int:
         """ZeRO-3 partitions parameters over every rank; stages 0-2 keep them whole."""
         return machine.world_size if self._stage() == 3 else 1
@@ -214,9 +234,13 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
 
         options = self.options
         psi, n = plan.parameters, plan.world_size
-        p = g = 2 if plan.low_precision else 4
         stage = self._stage()  # a config_file's own checks run when the job starts
+        # model.dtype bf16 without DeepSpeed's bf16 mode (measured): ZeRO-1/2 hold the parameters
+        # and gradients in bf16 and still step fp32 master partitions; ZeRO-3 partitions in fp32
+        p = g = 2 if plan.low_precision or (plan.low_precision_weights and stage < 3) else 4
         notes: list[str] = []
+        if plan.low_precision_weights:
+            notes.append(_LOW_PRECISION_WEIGHTS[stage].format(dtype=plan.dtype))
         if options.config_file is not None:
             notes.append(f"stage {stage} from {options.config_file} (its offload settings are not shown)")
         if stage == 0:

@@ -229,11 +229,12 @@ class FSDPStrategy(Strategy[FSDPOptions]):
     def plan_memory(self, plan: PlanInput) -> MemoryPlan:
         """Parameters, gradients and Adam's moments, all fp32 (under bf16 FSDP casts the
         gathered copy only), sharded 1/N; shard_grad_op keeps the gathered parameters from
-        forward to backward. Measured in fp32: 16psi/N (BENCHMARKS.md)."""
+        forward to backward. Measured in fp32: 16psi/N (BENCHMARKS.md). Under ``model.dtype:
+        bf16`` the shards, gradients and moments are 2 bytes (measured: 8psi/N)."""
         from acc_train.api import MemoryPlan, replicated
 
         options = self.options
-        psi, n = plan.parameters, plan.world_size
+        psi, n, b = plan.parameters, plan.world_size, plan.param_bytes
         how = self._sharding()
         if how == "no_shard":
             return replicated(plan, note="no_shard: a replica on every rank, as DDP")
@@ -242,17 +243,19 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             how = "shard_grad_op" if how == "hybrid_shard_zero2" else "full_shard"
         offload = {"params": "cpu", "grads": "cpu", "optimizer": "cpu"} if options.cpu_offload else {}
         notes = ["N = processes per machine (hybrid sharding)"] if n != plan.world_size else []
-        gathered = 2 if plan.low_precision else 4
+        gathered = 2 if plan.low_precision or plan.low_precision_weights else 4
         if how == "shard_grad_op":
-            params = 4 * psi // n + gathered * psi
-            formula = f"(4psi/N + {gathered}psi) + 4psi/N + 8psi/N = {gathered}psi + 16psi/N"
-            notes.append(f"parameters: the 4psi/N shard plus the gathered {gathered}psi kept from forward to backward")
+            params = b * psi // n + gathered * psi
+            formula = f"({b}psi/N + {gathered}psi) + {b}psi/N + {2 * b}psi/N = {gathered}psi + {4 * b}psi/N"
+            notes.append(f"parameters: the {b}psi/N shard plus the gathered {gathered}psi kept from forward to backward")
         else:
-            params = 4 * psi // n
-            formula = "4psi/N + 4psi/N + 8psi/N = 16psi/N"
+            params = b * psi // n
+            formula = f"{b}psi/N + {b}psi/N + {2 * b}psi/N = {4 * b}psi/N"
             notes.append("+ one wrapped unit's parameters, gathered while it computes")
+        if plan.low_precision_weights:
+            notes.append(f"model.dtype {plan.dtype}: shards, gradients and moments are {plan.dtype}, no fp32 master copy")
         if options.cpu_offload:
             notes.append("offload: parameters, gradients and optimizer steps in CPU memory")
         return MemoryPlan(
-            params, 4 * psi // n, 8 * psi // n, formula, offload=offload, note="; ".join(notes), recompute=options.activation_checkpointing
+            params, b * psi // n, 2 * b * psi // n, formula, offload=offload, note="; ".join(notes), recompute=options.activation_checkpointing
         )

@@ -6,6 +6,7 @@ own schema validates them when the job is resolved (:mod:`acc_train.config.resol
 
 from __future__ import annotations
 
+import copy
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -15,7 +16,7 @@ from acc_train.strategy import DEFAULT_STRATEGY
 __all__ = [
     "JobConfig", "ModelConfig", "DataConfig", "OptimizerConfig", "SchedulerConfig", "TrainingConfig",
     "CheckpointConfig", "LaunchConfig", "DEFAULT_MAX_STEPS", "TRACKER_MODULES", "SCHEDULERS", "MAX_INT64",
-    "MAX_SEED", "MAX_PROCESSES_PER_MACHINE", "MAX_SEQ_LEN",
+    "MAX_SEED", "MAX_PROCESSES_PER_MACHINE", "MAX_SEQ_LEN", "MODEL_DTYPES", "FINE_TUNE_DEFAULTS", "DEMO_EVAL_FRACTION",
 ]  # fmt: skip
 
 DEFAULT_MAX_STEPS = 300
@@ -52,6 +53,22 @@ TRACKER_MODULES: dict[str, tuple[str, ...]] = {
     "trackio": ("trackio",),
 }
 
+#: ``model.dtype`` values; the low-precision ones train without an fp32 master copy.
+MODEL_DTYPES = ("auto", "fp32", "bf16", "fp16")
+
+#: Defaults for fine-tuning, where the job names a pretrained model (``model.name_or_path``) and
+#: leaves the key unset; the demo job (and any key set anywhere) keeps the schema's default.
+#: A pretrained model is wrecked by the demo's lr of 1e-3; these follow HF Trainer / TRL / axolotl.
+FINE_TUNE_DEFAULTS: dict[tuple[str, str], Any] = {
+    ("optimizer", "lr"): 2e-5,
+    ("optimizer", "weight_decay"): 0.0,
+    ("optimizer", "betas"): [0.9, 0.999],
+}
+
+#: ``data.eval_fraction`` unset: the demo text holds out this share for eval; the user's own
+#: training files are never held out unless ``data.eval_fraction`` says so.
+DEMO_EVAL_FRACTION = 0.02
+
 SCHEDULERS = (
     "linear",
     "cosine",
@@ -75,6 +92,11 @@ class ModelConfig(Section):
     #: Overrides for the demo model's ``LlamaConfig`` (ignored when ``name_or_path`` is set).
     config: dict[str, Any] = Field(default_factory=dict)
     trust_remote_code: bool = False
+    #: What the trainable parameters are held and stepped in. ``auto`` and ``fp32``: fp32, whatever
+    #: dtype the checkpoint is stored in (hub checkpoints are bf16), with
+    #: ``training.mixed_precision`` doing the compute casts. ``bf16``/``fp16``: pure low-precision
+    #: training, with no fp32 master copy (a warning says so).
+    dtype: Literal[MODEL_DTYPES] = "auto"  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _config_only_for_demo(self) -> ModelConfig:
@@ -111,14 +133,19 @@ class DataConfig(Section):
     cache_dir: NonEmptyStr | None = None
     #: Processes that tokenize (``datasets.map(num_proc=...)``); default: the CPU cores.
     num_proc: int | None = Field(None, ge=1, le=1024)
-    #: Share of the training blocks held out for eval when no ``eval_files`` are given.
-    eval_fraction: float = Field(0.02, ge=0.0, lt=1.0, allow_inf_nan=False)
+    #: Share of the training blocks held out for eval when no ``eval_files`` are given. Unset:
+    #: 0 for the user's ``train_files`` (training data is never held out silently),
+    #: :data:`DEMO_EVAL_FRACTION` for the demo text.
+    eval_fraction: float = Field(0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
     #: How much of the standard library's source the demo job reads.
     demo_max_bytes: int = Field(1_500_000, ge=1024, le=MAX_INT64)
     shuffle: bool = True
 
 
 class OptimizerConfig(Section):
+    """The defaults are the demo job's; a job naming a pretrained model gets
+    :data:`FINE_TUNE_DEFAULTS` for the keys it leaves unset."""
+
     name: Literal["adamw"] = "adamw"
     lr: PositiveFloat = 1e-3
     weight_decay: NonNegativeFloat = 0.01
@@ -238,8 +265,41 @@ class JobConfig(Section):
             raise ValueError("data.streaming reads data.train_files (the demo corpus is made in memory); name them, or drop data.streaming")
         return self
 
+    @model_validator(mode="after")
+    def _job_defaults(self) -> JobConfig:
+        """Unset keys whose default depends on the job: fine-tuning a pretrained model or the
+        demo (:data:`FINE_TUNE_DEFAULTS`, ``data.eval_fraction``); ``mixed_precision: auto``
+        under low-precision weights."""
+        if self.model.name_or_path is not None:
+            for (section, key), value in FINE_TUNE_DEFAULTS.items():
+                part = getattr(self, section)
+                if key not in part.model_fields_set:
+                    setattr(part, key, copy.deepcopy(value))
+        if "eval_fraction" not in self.data.model_fields_set and not self.data.train_files:
+            self.data.eval_fraction = DEMO_EVAL_FRACTION
+        if self.model.dtype in ("bf16", "fp16"):
+            _low_precision_compute(self)
+        return self
+
     @property
     def max_steps(self) -> int | None:
         if self.training.max_steps is None and self.training.epochs is None:
             return DEFAULT_MAX_STEPS
         return self.training.max_steps
+
+
+def _low_precision_compute(job: JobConfig) -> None:
+    """Under ``model.dtype: bf16``/``fp16`` the weights themselves compute in that dtype:
+    ``mixed_precision: auto`` means ``no``. An explicit bf16/fp16 mixed precision is refused:
+    it would make the strategies hold fp32 masters after all (Accelerate upcasts sharded
+    parameters under mixed precision), which is ``model.dtype: auto``'s job."""
+    precision = job.training.mixed_precision
+    if precision == "auto":
+        job.training.mixed_precision = "no"
+    elif precision != "no":
+        raise ValueError(
+            f"model.dtype: {job.model.dtype} trains the weights themselves in {job.model.dtype}; "
+            f"training.mixed_precision: {precision} would keep fp32 master weights on some strategies. "
+            f"Use model.dtype: auto with mixed_precision: {precision} (fp32 masters, {precision} compute), "
+            f"or mixed_precision: no (or auto) with model.dtype: {job.model.dtype} (pure {job.model.dtype})"
+        )

@@ -34,8 +34,19 @@ def _param_checksum(model: Any) -> float:
         return float(sum(p.detach().double().sum().item() for p in model.parameters()))
 
 
+def _dtypes(run: RunContext) -> dict[str, str | None]:
+    """This rank's ``param_dtype`` and ``master_dtype``, measured by the strategy's meter; without
+    one, the trainable parameters' dtype, and the master dtype unknown."""
+    from acc_train.model_state import dtype_name
+
+    measured = run.model_state_meter.dtypes() if run.model_state_meter is not None else {}
+    if measured.get("param_dtype") is None:
+        measured = {**measured, "param_dtype": dtype_name(p for p in run.model.parameters() if p.requires_grad)}
+    return {"param_dtype": measured["param_dtype"], "master_dtype": measured.get("master_dtype")}
+
+
 def _per_rank(run: RunContext) -> tuple[list[dict[str, Any]], int]:
-    """(each rank's parameters, peak memory and model state, gathered on every rank; the model's parameters)."""
+    """(each rank's parameters, peak memory, model state and its dtypes, gathered on every rank; the model's parameters)."""
     from accelerate.utils import gather_object
 
     accelerator, model = run.accelerator, run.model
@@ -47,6 +58,7 @@ def _per_rank(run: RunContext) -> tuple[list[dict[str, Any]], int]:
         "peak_memory_bytes": peak_memory_bytes(accelerator.acc_machine.device_type),
         "param_checksum": _param_checksum(model),
         "model_state_bytes": meter.result() if meter is not None else None,
+        **_dtypes(run),
     }
     return sorted(gather_object([mine]), key=lambda r: r["rank"]), model_elements
 

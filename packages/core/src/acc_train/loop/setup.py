@@ -186,10 +186,15 @@ def _pad_id(tokenizer: Any) -> int:
 
 
 def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
-    """The job's model, refused if the data holds token ids beyond its vocabulary."""
+    """The job's model (in ``model.dtype``'s precision, a warning for pure low precision),
+    refused if the data holds token ids beyond its vocabulary."""
     from acc_train.model import build_model as build
 
     cfg = job.config
+    if cfg.model.dtype in ("bf16", "fp16"):
+        from acc_train.machine import warn_once_per_machine
+
+        warn_once_per_machine(job.strategy.low_precision_warning(cfg.model.dtype))
     model = build(cfg)
     if data.stream is not None:  # streamed: checked as the tokens come
         data.stream.vocab_size = model.config.vocab_size

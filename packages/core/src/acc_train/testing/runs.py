@@ -119,12 +119,14 @@ class KitRuns:
         return self._assets
 
     def job_args(self, strategy_name: str, out: Path, *extra: str) -> list[str]:
-        """``acc-train`` arguments of the kit's job: tiny, fp32, 2 CPU processes, seeded."""
+        """``acc-train`` arguments of the kit's job: tiny, fp32, 2 CPU processes, seeded; the
+        randomly initialised tiny model trains at the demo's learning rate (its loss must fall)."""
         a = self.assets
         return [
             "--strategy", strategy_name,
             "--num-processes", "2",
             "--set", f"model.name_or_path={a.model_dir}",
+            "--lr", "1e-3",
             "--set", f"data.train_files=[{a.train_file}]",
             "--set", f"data.eval_files=[{a.eval_file}]",
             "--set", "data.seq_len=16",
