@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point
+from acc_train.loop.loss import eval_loss, step_windows, token_loss
 from acc_train.plugins import call_lifecycle
 from acc_train.run import RunContext
 
@@ -76,19 +77,8 @@ class LoopResult:
 
 
 def evaluate(accelerator: Any, model: Any, eval_dl: Any) -> float:
-    """Mean loss over the evaluation loader, averaged over ranks."""
-    import torch
-
-    model.eval()
-    total = torch.zeros((), device=accelerator.device)
-    count = 0
-    with torch.no_grad():
-        for batch in eval_dl:
-            total += model(**batch, use_cache=False).loss.float()
-            count += 1
-    model.train()
-    mean = accelerator.reduce(total / max(count, 1), reduction="mean")
-    return float(mean.item())
+    """Mean loss per token over the evaluation loader, all ranks together."""
+    return eval_loss(accelerator, model, eval_dl)
 
 
 def run_loop(inputs: LoopInputs) -> LoopResult:
@@ -120,12 +110,13 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
         if inputs.sampler is not None:  # (a stream continues from its own position, endlessly)
             inputs.train_dl.set_epoch(state.epoch)  # Accelerate's loader re-sets the sampler's epoch from its own count
             inputs.sampler.set_start(state.batches_in_epoch * world * t_cfg.micro_batch_size)
-        for batch in inputs.train_dl:
+        for batch, step_tokens in step_windows(inputs.train_dl, t_cfg.gradient_accumulation_steps, accelerator):
             if result.first_batch_at is None:
                 result.first_batch_at = time.time()
             with accelerator.accumulate(model):
-                loss = model(**batch, use_cache=False).loss  # no KV cache: transformers then masks packed rows
-                accelerator.backward(loss)
+                loss = token_loss(model, batch, step_tokens)  # this micro-batch's share of the step's per-token mean
+                # strategies average gradients over ranks and divide them by the accumulation steps
+                accelerator.backward(loss * world * t_cfg.gradient_accumulation_steps)
                 if accelerator.sync_gradients:  # without clipping, the norm is still measured
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm or math.inf)
                     if meter is not None:
@@ -152,7 +143,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
             metrics: dict[str, Any] = {"step": state.step, "epoch": state.epoch}
             last = state.step >= run.max_steps
             if state.step % t_cfg.log_every == 0 or last:
-                mean_loss = accelerator.reduce(loss_sum / t_cfg.gradient_accumulation_steps, reduction="mean")
+                mean_loss = accelerator.reduce(loss_sum, reduction="sum")  # the shares of the step's per-token mean
                 result.last_loss = float(mean_loss.item())
                 result.best_loss = result.last_loss if result.best_loss is None else min(result.best_loss, result.last_loss)
                 metrics.update(

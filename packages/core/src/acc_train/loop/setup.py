@@ -73,7 +73,7 @@ class Prepared:
 
 def make_accelerator(job: ResolvedJob) -> Accelerator:
     """``acc_train.Accelerator`` for the job's strategy, seeded."""
-    from accelerate.utils import ProjectConfiguration, set_seed
+    from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
 
     from acc_train.accelerate_compat import skip_unused_library_imports
     from acc_train.accelerator import Accelerator
@@ -85,7 +85,9 @@ def make_accelerator(job: ResolvedJob) -> Accelerator:
         strategy=job.strategy,
         job=job,
         mixed_precision=t_cfg.mixed_precision,
-        gradient_accumulation_steps=t_cfg.gradient_accumulation_steps,
+        # counted in steps, not ended early at a loader's end: the loop reads a step's micro-batches
+        # before the first forward (loop/loss.py), and an epoch is cut to whole steps anyway
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=t_cfg.gradient_accumulation_steps, sync_with_dataloader=False),
         log_with=t_cfg.report_to or None,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
         step_scheduler_with_optimizer=False,
