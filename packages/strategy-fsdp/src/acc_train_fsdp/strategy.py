@@ -80,6 +80,14 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 "FSDP1 cannot do there); every rank loads the weights itself"
             )
             ram_efficient = False
+        checkpointing = options.activation_checkpointing
+        if checkpointing and job is not None and job.config.training.gradient_checkpointing:
+            # the same saving twice would recompute every layer twice: transformers' alone does it
+            warn_once_per_machine(
+                "strategy.activation_checkpointing and training.gradient_checkpointing both recompute activations; "
+                "each layer is checkpointed once, by transformers' gradient checkpointing (set one of them to silence this)"
+            )
+            checkpointing = False
         if not on_cpu:
             # Accelerate picks its cuda:nccl,cpu:gloo backend (needed when state lives on CPU) from
             # these variables, which `accelerate launch` sets from the same options
@@ -88,7 +96,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         kwargs: dict[str, Any] = {
             "fsdp_version": options.version,
             "cpu_offload": options.cpu_offload,
-            "activation_checkpointing": options.activation_checkpointing,
+            "activation_checkpointing": checkpointing,
             "state_dict_type": "SHARDED_STATE_DICT" if options.state_dict_type == "sharded" else "FULL_STATE_DICT",
             "cpu_ram_efficient_loading": ram_efficient,
             # the wrap policy is resolved against the model in before_prepare

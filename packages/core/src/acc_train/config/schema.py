@@ -75,6 +75,10 @@ class ModelConfig(Section):
     #: Overrides for the demo model's ``LlamaConfig`` (ignored when ``name_or_path`` is set).
     config: dict[str, Any] = Field(default_factory=dict)
     trust_remote_code: bool = False
+    #: Attention kernel (transformers' ``attn_implementation``): ``sdpa``, ``eager``,
+    #: ``flash_attention_2`` (a CUDA GPU and the flash-attn package) or any name transformers
+    #: accepts. Null: transformers' default, ``sdpa`` where the model supports it, else ``eager``.
+    attn_implementation: NonEmptyStr | None = None
 
     @model_validator(mode="after")
     def _config_only_for_demo(self) -> ModelConfig:
@@ -152,6 +156,9 @@ class TrainingConfig(Section):
     #: Accelerate trackers: tensorboard, wandb, ... (``all`` for every installed one).
     report_to: list[str] = Field(default_factory=list)
     progress_bar: bool = True
+    #: Recompute each layer's activations in backward instead of storing them (transformers'
+    #: gradient checkpointing, non-reentrant), under every strategy: less memory, more compute.
+    gradient_checkpointing: bool = False
 
     @field_validator("mixed_precision", mode="before")
     @classmethod

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from acc_train.config import ResolvedJob
     from acc_train.data import ResumableSampler
 
-__all__ = ["TrainData", "BuiltModel", "Prepared", "make_accelerator", "load_data", "build_model", "prepare", "checkpoint_manager", "resume"]
+__all__ = ["TrainData", "BuiltModel", "Prepared", "make_accelerator", "load_data", "build_model", "enable_gradient_checkpointing", "prepare", "checkpoint_manager", "resume"]
 
 
 @dataclass
@@ -117,10 +117,14 @@ def load_data(job: ResolvedJob, accelerator: Accelerator) -> TrainData:
 
 
 def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
-    """The job's model, refused if the data holds token ids beyond its vocabulary."""
+    """The job's model, refused if the data holds token ids beyond its vocabulary; with
+    ``training.gradient_checkpointing``, set to recompute its layers' activations."""
+    from acc_train.machine import current_machine
     from acc_train.model import build_model as build
+    from acc_train.model import check_attn_implementation
 
     cfg = job.config
+    check_attn_implementation(cfg.model, current_machine().device_type)
     model = build(cfg)
     if data.top_token >= model.config.vocab_size:
         raise UserError(
@@ -128,7 +132,29 @@ def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
             where="model.tokenizer" if cfg.model.tokenizer else "model",
             hint="use the tokenizer that belongs to the model",
         )
-    return BuiltModel(model, model_fingerprint(model.config), type(model).__name__, json.loads(model.config.to_json_string(use_diff=False)))
+    built = BuiltModel(model, model_fingerprint(model.config), type(model).__name__, json.loads(model.config.to_json_string(use_diff=False)))
+    if cfg.training.gradient_checkpointing:  # after the fingerprint: use_cache is a training setting, not the model
+        enable_gradient_checkpointing(model)
+    return built
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """transformers' gradient checkpointing, before any strategy wraps the model: each layer's
+    activations are recomputed in backward. Non-reentrant (torch's recommended form), which
+    DDP, FSDP's hooks and ZeRO-3's parameter gathering all work with; the KV cache is off (a
+    cache filled in forward would be filled again by the recompute)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise UserError(
+            f"{type(model).__name__} does not support transformers' gradient checkpointing",
+            where="training.gradient_checkpointing",
+            hint="turn it off; under FSDP, strategy.activation_checkpointing checkpoints the wrapped layers of any model",
+        )
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.2x's name; the old one warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
 
 
 def _optimizer(model: Any, cfg: Any) -> Any:
