@@ -15,8 +15,7 @@ import pytest
 from acc_train import plugins
 from acc_train.config import load_job
 from acc_train.errors import UserError
-from acc_train.loop.setup import enable_gradient_checkpointing
-from acc_train.model import check_attn_implementation, check_model_builds
+from acc_train.model import check_attn_implementation, check_model_builds, enable_gradient_checkpointing
 from tests.conftest import run_cli
 
 TINY = "model.config={hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 2}"

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from acc_train.config import JobConfig, ModelConfig
 
 __all__ = ["DEMO_MODEL_CONFIG", "build_model", "load_tokenizer", "check_model_path", "check_model_builds", "meta_model", "model_config", "config_source",
-           "check_attn_implementation", "FLASH_ATTENTION_PACKAGES"]
+           "check_attn_implementation", "FLASH_ATTENTION_PACKAGES", "enable_gradient_checkpointing"]
 
 #: The demo model: a small Llama over the 256 byte values; ``model.config`` overrides these.
 DEMO_MODEL_CONFIG: dict[str, Any] = {
@@ -172,6 +172,27 @@ def build_model(config: JobConfig) -> Any:
         raise _refuse_config(config, exc, "cannot build the model: ", "check the config against the weights saved with it; `acc-train plan` shows the memory a model needs per rank") from None
 
 
+def load_tokenizer(mcfg: ModelConfig) -> Any | None:
+    """The job's tokenizer, or None for byte-level text (the demo model)."""
+    name = mcfg.tokenizer or mcfg.name_or_path
+    if name is None:
+        return None
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(name, trust_remote_code=mcfg.trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - its files are the user's (a tokenizer.json of the wrong shape is a KeyError)
+        detail = f"{type(exc).__name__} {exc}" if isinstance(exc, LookupError) else str(exc)
+        files = ", ".join(f for f in TOKENIZER_FILES if (Path(name).expanduser() / f).is_file())
+        raise UserError(
+            f"cannot load tokenizer {name!r}{f' ({files})' if files else ''}: {detail}".splitlines()[0],
+            where="model.tokenizer" if mcfg.tokenizer else "model.name_or_path",
+            hint="set model.tokenizer to a directory holding one",
+        ) from None
+
+
+# --- memory savers: model.attn_implementation, training.gradient_checkpointing ---
+
 #: attention kernels with a package of their own: name -> (module, what to pip install)
 FLASH_ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn")}
 
@@ -214,20 +235,21 @@ def _check_model_takes_attn(model: Any, mcfg: ModelConfig) -> None:
         ) from None
 
 
-def load_tokenizer(mcfg: ModelConfig) -> Any | None:
-    """The job's tokenizer, or None for byte-level text (the demo model)."""
-    name = mcfg.tokenizer or mcfg.name_or_path
-    if name is None:
-        return None
-    import transformers
-
-    try:
-        return transformers.AutoTokenizer.from_pretrained(name, trust_remote_code=mcfg.trust_remote_code)
-    except Exception as exc:  # noqa: BLE001 - its files are the user's (a tokenizer.json of the wrong shape is a KeyError)
-        detail = f"{type(exc).__name__} {exc}" if isinstance(exc, LookupError) else str(exc)
-        files = ", ".join(f for f in TOKENIZER_FILES if (Path(name).expanduser() / f).is_file())
+def enable_gradient_checkpointing(model: Any) -> None:
+    """transformers' gradient checkpointing (``training.gradient_checkpointing``), before any
+    strategy wraps the model: each layer's activations are recomputed in backward, with the RNG
+    state of its forward (dropout draws the same masks). Non-reentrant (torch's recommended
+    form), which DDP, FSDP's hooks and ZeRO-3's parameter gathering all work with; the KV cache
+    is off (a cache filled in forward would be filled again by the recompute)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
         raise UserError(
-            f"cannot load tokenizer {name!r}{f' ({files})' if files else ''}: {detail}".splitlines()[0],
-            where="model.tokenizer" if mcfg.tokenizer else "model.name_or_path",
-            hint="set model.tokenizer to a directory holding one",
-        ) from None
+            f"{type(model).__name__} does not support transformers' gradient checkpointing",
+            where="training.gradient_checkpointing",
+            hint="turn it off; under FSDP, strategy.activation_checkpointing checkpoints the wrapped layers of any model",
+        )
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.2x's name; the old one warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False

@@ -55,6 +55,8 @@ def _model_compute(model: Any) -> dict[str, Any]:
     """How the model computes, as it ran: the attention kernel transformers chose, and how many
     layers recompute their activations in backward, by transformers' gradient checkpointing or
     by torch's checkpoint wrapper (FSDP's ``activation_checkpointing``)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper  # FSDP2 subclasses it
+
     try:
         from transformers.modeling_layers import GradientCheckpointingLayer as Layer
     except ImportError:  # transformers before 4.52: every module with the flag
@@ -64,7 +66,7 @@ def _model_compute(model: Any) -> dict[str, Any]:
         "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None),
         "activation_checkpointing": {
             "transformers_layers": sum(1 for m in modules if isinstance(m, Layer) and getattr(m, "gradient_checkpointing", False) is True),
-            "checkpoint_wrappers": sum(1 for m in modules if type(m).__name__ == "CheckpointWrapper"),
+            "checkpoint_wrappers": sum(1 for m in modules if isinstance(m, CheckpointWrapper)),
         },
     }
 

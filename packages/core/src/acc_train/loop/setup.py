@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from acc_train.config import ResolvedJob
     from acc_train.data import ResumableSampler
 
-__all__ = ["TrainData", "BuiltModel", "Prepared", "make_accelerator", "load_data", "build_model", "enable_gradient_checkpointing", "prepare", "checkpoint_manager", "resume"]
+__all__ = ["TrainData", "BuiltModel", "Prepared", "make_accelerator", "load_data", "build_model", "prepare", "checkpoint_manager", "resume"]
 
 
 @dataclass
@@ -121,7 +121,7 @@ def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
     ``training.gradient_checkpointing``, set to recompute its layers' activations."""
     from acc_train.machine import current_machine
     from acc_train.model import build_model as build
-    from acc_train.model import check_attn_implementation
+    from acc_train.model import check_attn_implementation, enable_gradient_checkpointing
 
     cfg = job.config
     check_attn_implementation(cfg.model, current_machine().device_type)
@@ -136,25 +136,6 @@ def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
     if cfg.training.gradient_checkpointing:  # after the fingerprint: use_cache is a training setting, not the model
         enable_gradient_checkpointing(model)
     return built
-
-
-def enable_gradient_checkpointing(model: Any) -> None:
-    """transformers' gradient checkpointing, before any strategy wraps the model: each layer's
-    activations are recomputed in backward. Non-reentrant (torch's recommended form), which
-    DDP, FSDP's hooks and ZeRO-3's parameter gathering all work with; the KV cache is off (a
-    cache filled in forward would be filled again by the recompute)."""
-    if not getattr(model, "supports_gradient_checkpointing", False):
-        raise UserError(
-            f"{type(model).__name__} does not support transformers' gradient checkpointing",
-            where="training.gradient_checkpointing",
-            hint="turn it off; under FSDP, strategy.activation_checkpointing checkpoints the wrapped layers of any model",
-        )
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.2x's name; the old one warns there
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model.config.use_cache = False
 
 
 def _optimizer(model: Any, cfg: Any) -> Any:
