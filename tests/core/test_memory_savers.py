@@ -62,7 +62,7 @@ def test_a_model_without_gradient_checkpointing_is_refused_naming_the_option() -
     with pytest.raises(UserError) as info:
         enable_gradient_checkpointing(NoCheckpointing())
     assert info.value.where == "training.gradient_checkpointing"
-    assert "activation_checkpointing" in (info.value.hint or "")
+    assert "turn it off" in (info.value.hint or "")
 
 
 def test_flash_attention_is_refused_on_cpu_and_without_its_package() -> None:

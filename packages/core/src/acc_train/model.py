@@ -245,7 +245,7 @@ def enable_gradient_checkpointing(model: Any) -> None:
         raise UserError(
             f"{type(model).__name__} does not support transformers' gradient checkpointing",
             where="training.gradient_checkpointing",
-            hint="turn it off; under FSDP, strategy.activation_checkpointing checkpoints the wrapped layers of any model",
+            hint="turn it off (a strategy may checkpoint the layers it wraps itself: see its options)",
         )
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.2x's name; the old one warns there
