@@ -65,11 +65,32 @@ def run(strategy: str, checkpointing: bool, seq_len: int, args: argparse.Namespa
 
 def planned_activations(strategy: str, checkpointing: bool, args: argparse.Namespace) -> int | None:
     cmd = [
-        sys.executable, "-m", "acc_train_cli", "plan", "--json", "--strategy", strategy, *job_args(args, args.seq_len),
+        sys.executable, "-m", "acc_train_cli", "--strategy", strategy, "plan", "--json", *job_args(args, args.seq_len),
         "--set", f"training.gradient_checkpointing={str(checkpointing).lower()}",
     ]  # fmt: skip
     data = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
     return next(r["activations"] for r in data["rows"] if r["job"])
+
+
+def print_table(results: dict[str, dict[str, list[dict]]], plans: dict[str, dict[str, int | None]], args: argparse.Namespace) -> None:
+    """The results as a Markdown table: medians over the rounds."""
+    mib = 2**20
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}; "
+          f"MALLOC_MMAP_THRESHOLD_={args.mmap_threshold or 'glibc default'}")  # fmt: skip
+    print(f"job: demo Llama with {args.layers} layers, fp32, 2 processes, micro-batch {args.micro_batch} x {args.seq_len} tokens, "
+          f"{args.steps} steps, {args.rounds} rounds; baseline at {args.base_seq_len} tokens")  # fmt: skip
+    head = ("strategy", "peak RSS off MiB", "peak RSS on MiB", "baseline MiB", "activation peak off MiB", "activation peak on MiB",
+            "on/off (activation peak)", "on/off (peak RSS)", "plan off MiB", "plan on MiB", "step on/off", "final loss off - on")  # fmt: skip
+    print(" | ".join(head))
+    print(" | ".join("---" for _ in head))
+    for name, r in results.items():
+        off, on, base = (statistics.median(x["peak"] for x in r[k]) for k in ("off", "on", "base"))
+        step = statistics.median(b["step_s"] / a["step_s"] for a, b in zip(r["off"], r["on"]))
+        loss = max(abs(a["loss"] - b["loss"]) for a, b in zip(r["off"], r["on"]))
+        p = plans[name]
+        print(f"{name} | {off / mib:,.0f} | {on / mib:,.0f} | {base / mib:,.0f} | {(off - base) / mib:,.0f} | {(on - base) / mib:,.0f} | "
+              f"{(on - base) / (off - base):.3f} | {on / off:.3f} | {(p['off'] or 0) / mib:,.0f} | {(p['on'] or 0) / mib:,.0f} | "
+              f"{step:.3f} | {loss:.1e}")  # fmt: skip
 
 
 def main() -> None:
@@ -101,24 +122,8 @@ def main() -> None:
                           flush=True)  # fmt: skip
         plans = {name: {label: planned_activations(STRATEGIES[name], on, args) for label, on in (("off", False), ("on", True))} for name in args.strategies}
 
-    mib = 2**20
     print()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}; "
-          f"MALLOC_MMAP_THRESHOLD_={args.mmap_threshold or 'glibc default'}")  # fmt: skip
-    print(f"job: demo Llama with {args.layers} layers, fp32, 2 processes, micro-batch {args.micro_batch} x {args.seq_len} tokens, "
-          f"{args.steps} steps, {args.rounds} rounds; baseline at {args.base_seq_len} tokens")  # fmt: skip
-    head = ("strategy", "peak RSS off MiB", "peak RSS on MiB", "baseline MiB", "activation peak off MiB", "activation peak on MiB",
-            "on/off (activation peak)", "on/off (peak RSS)", "plan off MiB", "plan on MiB", "step on/off", "final loss off - on")  # fmt: skip
-    print(" | ".join(head))
-    print(" | ".join("---" for _ in head))
-    for name, r in results.items():
-        off, on, base = (statistics.median(x["peak"] for x in r[k]) for k in ("off", "on", "base"))
-        step = statistics.median(b["step_s"] / a["step_s"] for a, b in zip(r["off"], r["on"]))
-        loss = max(abs(a["loss"] - b["loss"]) for a, b in zip(r["off"], r["on"]))
-        p = plans[name]
-        print(f"{name} | {off / mib:,.0f} | {on / mib:,.0f} | {base / mib:,.0f} | {(off - base) / mib:,.0f} | {(on - base) / mib:,.0f} | "
-              f"{(on - base) / (off - base):.3f} | {on / off:.3f} | {(p['off'] or 0) / mib:,.0f} | {(p['on'] or 0) / mib:,.0f} | "
-              f"{step:.3f} | {loss:.1e}")  # fmt: skip
+    print_table(results, plans, args)
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "plans": plans, "args": vars(args)}, indent=1))
 
