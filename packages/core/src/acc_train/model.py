@@ -227,7 +227,7 @@ def _check_model_takes_attn(model: Any, mcfg: ModelConfig) -> None:
         return
     try:
         model.set_attn_implementation(name)
-    except (ValueError, ImportError) as exc:
+    except Exception as exc:  # noqa: BLE001 - the name is the user's: whatever transformers says about it (ValueError, ImportError, a hub kernel's errors)
         raise UserError(
             f"{type(model).__name__} cannot use attention {name!r}: {str(exc).splitlines()[0]}"[:500],
             where="model.attn_implementation",
