@@ -140,6 +140,25 @@ def resume_from_step_10(run: Path, tmp_path: Path, model: Path, data: dict[str, 
     return resumed
 
 
+def checkpointed_run(
+    tmp_path: Path, model: Path, data: dict[str, Path], *strategy_args: str, switches: tuple[str, ...] = ("training.gradient_checkpointing=true",)
+) -> dict:
+    """The reference job with activation checkpointing switched on by ``switches`` (no
+    checkpoint saves): its run.json, its losses by step and what the user saw on stderr."""
+    out = tmp_path / "checkpointed"
+    sets = [arg for switch in (*switches, "checkpoint.every=0") for arg in ("--set", switch)]
+    proc = run_cli(*reference_args(model, data, out, *strategy_args, *sets))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {"run": json.loads((out / "run.json").read_text()), "losses": read_metrics(out), "stderr": proc.stderr}
+
+
+def assert_same_losses(got: dict, reference: dict, abs: float = 1e-6) -> None:
+    """Steps 1-20 (past the epoch boundaries) give the reference's losses."""
+    assert sorted(got) == sorted(reference) == list(range(1, 21))
+    for step in range(1, 21):
+        assert got[step]["loss"] == pytest.approx(reference[step]["loss"], abs=abs), step
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """GPU-only tests skip cleanly where no GPU exists."""
     import torch

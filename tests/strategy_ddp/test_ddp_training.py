@@ -106,3 +106,14 @@ def test_one_launched_process_trains_and_a_worker_side_input_error_exits_2(tmp_p
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "data.text_field" in proc.stderr and "'content'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_gradient_checkpointing_gives_the_losses_of_the_run_without_it(ddp_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
+    """fp32, recompute only: the same losses as the reference run, attention dropout included
+    (the recompute replays each rank's RNG)."""
+    from tests.conftest import assert_same_losses, checkpointed_run
+
+    got = checkpointed_run(tmp_path, tiny_model_dir, tiny_data, "--strategy", "ddp")
+    assert got["run"]["activation_checkpointing"] == {"transformers_layers": 1, "checkpoint_wrappers": 0}
+    assert got["run"]["attn_implementation"] == "sdpa"
+    assert_same_losses(got["losses"], read_metrics(ddp_run))

@@ -134,3 +134,38 @@ def test_on_gpus_accelerates_own_fsdp_path_runs(tmp_path: Path, tiny_model_dir: 
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "run.json").read_text())
     assert summary["distributed_type"] == "DistributedType.FSDP" and summary["device"] == "cuda"
+
+
+@pytest.mark.parametrize(
+    ("switch", "counts"),
+    [
+        ("training.gradient_checkpointing=true", {"transformers_layers": 1, "checkpoint_wrappers": 0}),
+        # FSDP's own switch is the same thing (Accelerate's FSDP2 wrapper would recompute dropout with other masks)
+        ("strategy.activation_checkpointing=true", {"transformers_layers": 1, "checkpoint_wrappers": 0}),
+    ],
+)
+def test_fsdp2_activation_checkpointing_gives_the_losses_of_the_run_without_it(
+    switch: str, counts: dict, fsdp2_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]
+) -> None:
+    """fp32, recompute only, by either switch: the losses of the same FSDP2 run without it."""
+    from tests.conftest import assert_same_losses, checkpointed_run
+
+    got = checkpointed_run(tmp_path, tiny_model_dir, tiny_data, "--strategy", "fsdp", switches=(switch,))
+    assert got["run"]["fsdp_version"] == 2
+    assert got["run"]["activation_checkpointing"] == counts
+    assert_same_losses(got["losses"], read_metrics(fsdp2_run))
+
+
+def test_fsdp1_with_both_switches_checkpoints_each_layer_once(fsdp1_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
+    """training.gradient_checkpointing with FSDP's own activation_checkpointing: transformers'
+    alone recomputes (no checkpoint wrapper nested around it); FSDP1's losses."""
+    from tests.conftest import assert_same_losses, checkpointed_run
+
+    cfg = fsdp1_run / "config.yaml"
+    got = checkpointed_run(
+        tmp_path, tiny_model_dir, tiny_data, "--config", str(cfg),
+        switches=("training.gradient_checkpointing=true", "strategy.activation_checkpointing=true"),
+    )  # fmt: skip
+    assert got["run"]["fsdp_version"] == 1
+    assert got["run"]["activation_checkpointing"] == {"transformers_layers": 1, "checkpoint_wrappers": 0}
+    assert_same_losses(got["losses"], read_metrics(fsdp1_run))

@@ -77,7 +77,9 @@ def build_plan(job: Any) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - one plugin's broken accounting must not hide the others
             click.echo(f"warning: strategy {strategy.name!r} could not plan {label!r}: {type(exc).__name__}: {exc}", err=True)
             return
-        act = activation_bytes(shape, mbs, seq, precision if inp.param_bytes == 4 else dtype, recompute=mp.recompute)
+        # recomputed: the strategy's own checkpointing (FSDP's), or transformers' under any strategy
+        recompute = mp.recompute or cfg.training.gradient_checkpointing
+        act = activation_bytes(shape, mbs, seq, precision if inp.param_bytes == 4 else dtype, recompute=recompute)
         rows.append(
             {
                 "label": label,
@@ -88,6 +90,7 @@ def build_plan(job: Any) -> dict[str, Any]:
                 "optimizer": mp.optimizer,
                 "model_state": mp.model_state,
                 "activations": act,
+                "activations_recomputed": recompute,
                 "device_total": mp.on_device() + (act or 0),
                 "offloaded": mp.offloaded(),
                 "offload": dict(mp.offload),
@@ -114,6 +117,7 @@ def build_plan(job: Any) -> dict[str, Any]:
         "model_dtype": dtype,
         "micro_batch_size": mbs,
         "seq_len": seq,
+        "gradient_checkpointing": cfg.training.gradient_checkpointing,
         "activation_formula": ACTIVATION_FORMULA,
         "rows": rows,
     }
@@ -127,6 +131,7 @@ def _print_table(data: dict[str, Any]) -> None:
         f"model: {data['model']}, psi = {data['parameters']:,} parameters; N = {data['world_size']} processes"
         + (f" ({data['num_processes']} on each of {data['num_machines']} machines)" if data["num_machines"] > 1 else "")
         + f"; {precision}; micro-batch {data['micro_batch_size']} x {data['seq_len']} tokens"
+        + ("; activations recomputed in backward (training.gradient_checkpointing)" if data["gradient_checkpointing"] else "")
     )
     click.echo("per rank; '(cpu)' marks state held in CPU memory (offload), left out of the device total\n")
 

@@ -27,6 +27,7 @@ from acc_train.errors import PluginError, UserError, closest
 from acc_train.hookspecs import hookimpl
 from acc_train.machine import current_machine, resolve_mixed_precision, warn_once_per_machine
 from acc_train.memory_plan import MemoryPlan, PlanInput, replicated
+from acc_train.model import enable_gradient_checkpointing
 from acc_train.model_state import ModelStateMeter, TorchOptimizerMeter, dtype_name, local_nbytes
 from acc_train.plugins import checkpoint_formats, strategies, wrap_policies
 from acc_train.questions import Question
@@ -48,6 +49,8 @@ __all__ = [
     "unflatten_optimizer_state", "write_portable_state",
     # accounting for run.json and acc-train plan
     "MemoryPlan", "ModelStateMeter", "PlanInput", "TorchOptimizerMeter", "dtype_name", "local_nbytes", "replicated",
+    # the model
+    "enable_gradient_checkpointing",
     # the machine, Accelerate and accelerate config files
     "Accelerator", "check_accelerate_section", "current_machine", "read_accelerate_section", "resolve_mixed_precision",
     "run_sharded_on_cpu", "warn_once_per_machine",

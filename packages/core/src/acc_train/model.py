@@ -10,7 +10,8 @@ from acc_train.errors import UserError
 if TYPE_CHECKING:
     from acc_train.config import JobConfig, ModelConfig
 
-__all__ = ["DEMO_MODEL_CONFIG", "TRAINING_DTYPES", "training_dtype", "build_model", "load_tokenizer", "check_model_path", "check_model_builds", "meta_model", "model_config", "config_source"]
+__all__ = ["DEMO_MODEL_CONFIG", "TRAINING_DTYPES", "training_dtype", "build_model", "load_tokenizer", "check_model_path", "check_model_builds",
+           "meta_model", "model_config", "config_source", "check_attn_implementation", "FLASH_ATTENTION_PACKAGES", "enable_gradient_checkpointing"]
 
 #: The demo model: a small Llama over the 256 byte values; ``model.config`` overrides these.
 DEMO_MODEL_CONFIG: dict[str, Any] = {
@@ -152,7 +153,8 @@ def meta_model(config: JobConfig) -> tuple[Any, Any]:
 def check_model_builds(config: JobConfig) -> Any | None:
     """Fail before launch on a model config transformers rejects or cannot build, or a
     tokenizer it cannot load; the tokenizer (None: byte level), for the data's checks."""
-    meta_model(config)
+    model, _ = meta_model(config)
+    _check_model_takes_attn(model, config.model)
     return load_tokenizer(config.model)
 
 
@@ -175,6 +177,8 @@ def build_model(config: JobConfig) -> Any:
 
     mcfg = model_config(config)
     dtype = training_dtype(config.model)
+    if config.model.attn_implementation:  # what from_config and from_pretrained(config=...) build with
+        mcfg._attn_implementation = config.model.attn_implementation
     try:
         if config.model.name_or_path is None:
             return transformers.LlamaForCausalLM(mcfg).to(dtype)
@@ -200,3 +204,67 @@ def load_tokenizer(mcfg: ModelConfig) -> Any | None:
             where="model.tokenizer" if mcfg.tokenizer else "model.name_or_path",
             hint="set model.tokenizer to a directory holding one",
         ) from None
+
+
+# --- memory savers: model.attn_implementation, training.gradient_checkpointing ---
+
+#: attention kernels with a package of their own: name -> (module, what to pip install)
+FLASH_ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn")}
+
+
+def check_attn_implementation(mcfg: ModelConfig, device_type: str) -> None:
+    """Refuse a flash-attention kernel on a machine without a CUDA GPU, or without its package
+    (no torch needed: called before launch, and by each worker)."""
+    import importlib.util
+
+    name = mcfg.attn_implementation
+    if not name or not name.startswith("flash_attention"):
+        return
+    if device_type != "cuda":
+        raise UserError(
+            f"{name} runs on CUDA GPUs only, and this machine runs on {device_type} (no CUDA GPU)",
+            where="model.attn_implementation",
+            hint="use sdpa (the default) or eager here; keep flash_attention_2 for a GPU machine",
+        )
+    module, package = FLASH_ATTENTION_PACKAGES.get(name, (None, None))
+    if module and importlib.util.find_spec(module) is None:
+        raise UserError(
+            f"{name} needs the {package} package, which is not installed",
+            where="model.attn_implementation",
+            hint=f"pip install {package} (a build for this torch and CUDA), or use sdpa",
+        )
+
+
+def _check_model_takes_attn(model: Any, mcfg: ModelConfig) -> None:
+    """Refuse an ``attn_implementation`` the model (built on the meta device) does not support."""
+    name = mcfg.attn_implementation
+    if name is None:
+        return
+    try:
+        model.set_attn_implementation(name)
+    except Exception as exc:  # noqa: BLE001 - the name is the user's: whatever transformers says about it (ValueError, ImportError, a hub kernel's errors)
+        raise UserError(
+            f"{type(model).__name__} cannot use attention {name!r}: {str(exc).splitlines()[0]}"[:500],
+            where="model.attn_implementation",
+            hint="use sdpa, eager, or another name from the message; leave it unset for transformers' default",
+        ) from None
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """transformers' gradient checkpointing (``training.gradient_checkpointing``), before any
+    strategy wraps the model: each layer's activations are recomputed in backward, with the RNG
+    state of its forward (dropout draws the same masks). Non-reentrant (torch's recommended
+    form), which DDP, FSDP's hooks and ZeRO-3's parameter gathering all work with; the KV cache
+    is off (a cache filled in forward would be filled again by the recompute)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise UserError(
+            f"{type(model).__name__} does not support transformers' gradient checkpointing",
+            where="training.gradient_checkpointing",
+            hint="turn it off (a strategy may checkpoint the layers it wraps itself: see its options)",
+        )
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.2x's name; the old one warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False

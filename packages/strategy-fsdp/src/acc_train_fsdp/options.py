@@ -59,7 +59,9 @@ class FSDPOptions(StrategyOptions):
     forward_prefetch: bool | None = None
     #: Keep parameters (and gradients) in CPU memory between uses; needs a GPU run to mean anything.
     cpu_offload: bool = False
-    #: Recompute each wrapped layer's activations in backward instead of storing them.
+    #: Recompute each layer's activations in backward instead of storing them: the same as
+    #: ``training.gradient_checkpointing`` (either or both); for a model transformers cannot
+    #: checkpoint, torch's checkpoint wrapper on each wrapped unit.
     activation_checkpointing: bool = False
     #: Checkpoint format: ``sharded`` (torch.distributed.checkpoint, one shard per rank) or ``full``.
     state_dict_type: Literal["sharded", "full"] = "sharded"

@@ -138,7 +138,8 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         return {"FSDP"}
 
     def before_prepare(self, accelerator: Any, model: Any) -> None:
-        """Resolve the registered wrap policy against the model, in Accelerate's terms."""
+        """Resolve the registered wrap policy against the model, in Accelerate's terms, and
+        activation checkpointing (:meth:`_checkpoint_activations`)."""
         from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy, size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
         from acc_train.api import wrap_policies
@@ -146,6 +147,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
 
         options = self.options
         plugin = accelerator.state.fsdp_plugin
+        self._checkpoint_activations(plugin, model)
         policy = wrap_policies().get(options.auto_wrap_policy)
         if policy.name == "transformer":
             plugin.transformer_cls_names_to_wrap = layer_class_names(model, options.transformer_layer_cls_to_wrap)
@@ -170,6 +172,24 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                     )
                 plugin.transformer_cls_names_to_wrap = sorted(c.__name__ for c in chosen)
                 plugin.auto_wrap_policy = transformer_auto_wrap_policy if chosen else None
+
+    def _checkpoint_activations(self, plugin: Any, model: Any) -> None:
+        """``activation_checkpointing`` is ``training.gradient_checkpointing``: transformers'
+        checkpointing of each layer, which replays the forward's RNG in the recompute. Accelerate's
+        own (torch's checkpoint wrapper on each wrapped unit) is kept for models transformers
+        cannot checkpoint; under FSDP2 it does not preserve the RNG state, so layers with dropout
+        would recompute with other masks. With both switches on, each layer is checkpointed once."""
+        from acc_train.api import enable_gradient_checkpointing
+
+        if not self.options.activation_checkpointing:
+            return
+        if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+            pass  # training.gradient_checkpointing: already on, the same thing
+        elif getattr(model, "supports_gradient_checkpointing", False):
+            enable_gradient_checkpointing(model)
+        else:
+            return  # Accelerate wraps the units the wrap policy selects
+        plugin.activation_checkpointing = False
 
     def full_state_dict(self, accelerator: Any, model: Any) -> dict[str, Any]:
         """Gathered for rank 0, whichever checkpoint format the run uses. On CPU it is built from

@@ -97,6 +97,10 @@ class ModelConfig(Section):
     #: ``training.mixed_precision`` doing the compute casts. ``bf16``/``fp16``: pure low-precision
     #: training, with no fp32 master copy (a warning says so).
     dtype: Literal[MODEL_DTYPES] = "auto"  # type: ignore[valid-type]
+    #: Attention kernel (transformers' ``attn_implementation``): ``sdpa``, ``eager``,
+    #: ``flash_attention_2`` (a CUDA GPU and the flash-attn package) or any name transformers
+    #: accepts. Null: transformers' default, ``sdpa`` where the model supports it, else ``eager``.
+    attn_implementation: NonEmptyStr | None = None
 
     @model_validator(mode="after")
     def _config_only_for_demo(self) -> ModelConfig:
@@ -179,6 +183,9 @@ class TrainingConfig(Section):
     #: Accelerate trackers: tensorboard, wandb, ... (``all`` for every installed one).
     report_to: list[str] = Field(default_factory=list)
     progress_bar: bool = True
+    #: Recompute each layer's activations in backward instead of storing them (transformers'
+    #: gradient checkpointing, non-reentrant), under every strategy: less memory, more compute.
+    gradient_checkpointing: bool = False
 
     @field_validator("mixed_precision", mode="before")
     @classmethod

@@ -63,6 +63,26 @@ def _per_rank(run: RunContext) -> tuple[list[dict[str, Any]], int]:
     return sorted(gather_object([mine]), key=lambda r: r["rank"]), model_elements
 
 
+def _model_compute(model: Any) -> dict[str, Any]:
+    """How the model computes, as it ran: the attention kernel transformers chose, and how many
+    layers recompute their activations in backward, by transformers' gradient checkpointing or
+    by torch's checkpoint wrapper (FSDP's ``activation_checkpointing``)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper  # FSDP2 subclasses it
+
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer as Layer
+    except ImportError:  # transformers before 4.52: every module with the flag
+        Layer = object
+    modules = list(model.modules())
+    return {
+        "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None),
+        "activation_checkpointing": {
+            "transformers_layers": sum(1 for m in modules if isinstance(m, Layer) and getattr(m, "gradient_checkpointing", False) is True),
+            "checkpoint_wrappers": sum(1 for m in modules if isinstance(m, CheckpointWrapper)),
+        },
+    }
+
+
 def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_from: str | None, data: dict[str, Any], started_at: float) -> dict[str, Any]:
     """``run.json``'s content (every rank computes it; the main process writes it). ``data``:
     what was prepared; ``started_at``: when the launch began (``time.time()``)."""
@@ -82,6 +102,7 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         "device": machine.device_type,
         "mixed_precision": accelerator.mixed_precision,
         **job.strategy.summary(accelerator),
+        **_model_compute(accelerator.unwrap_model(run.model)),
         "steps": state.step,
         "start_step": result.start_step,
         "epoch": state.epoch,

@@ -189,14 +189,18 @@ def _pad_id(tokenizer: Any) -> int:
 
 def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
     """The job's model (in ``model.dtype``'s precision, a warning for pure low precision),
-    refused if the data holds token ids beyond its vocabulary."""
+    refused if the data holds token ids beyond its vocabulary; with
+    ``training.gradient_checkpointing``, set to recompute its layers' activations."""
+    from acc_train.machine import current_machine
     from acc_train.model import build_model as build
+    from acc_train.model import check_attn_implementation, enable_gradient_checkpointing
 
     cfg = job.config
     if cfg.model.dtype in ("bf16", "fp16"):
         from acc_train.machine import warn_once_per_machine
 
         warn_once_per_machine(job.strategy.low_precision_warning(cfg.model.dtype))
+    check_attn_implementation(cfg.model, current_machine().device_type)
     model = build(cfg)
     if data.stream is not None:  # streamed: checked as the tokens come
         data.stream.vocab_size = model.config.vocab_size
@@ -206,7 +210,10 @@ def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
             where="model.tokenizer" if cfg.model.tokenizer else "model",
             hint="use the tokenizer that belongs to the model",
         )
-    return BuiltModel(model, model_fingerprint(model.config), type(model).__name__, json.loads(model.config.to_json_string(use_diff=False)))
+    built = BuiltModel(model, model_fingerprint(model.config), type(model).__name__, json.loads(model.config.to_json_string(use_diff=False)))
+    if cfg.training.gradient_checkpointing:  # after the fingerprint: use_cache is a training setting, not the model
+        enable_gradient_checkpointing(model)
+    return built
 
 
 def _optimizer(model: Any, cfg: Any) -> Any:
