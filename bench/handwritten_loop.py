@@ -8,7 +8,9 @@ acc-train is imported: the demo Llama (seeded as acc-train seeds it), the standa
 sources as bytes in blocks of ``--seq-len``, the batches in acc-train's order (a permutation
 seeded by seed + epoch, batches dealt round-robin to the ranks, as Accelerate shards them),
 AdamW with no weight decay on norms and biases, a cosine schedule with 10% warm-up, clipping at
-1.0, and the loss averaged over ranks every step (acc-train logs it every step by default).
+1.0, and the loss as acc-train computes it: the sum of the token losses over the number of
+tokens the step counts on all ranks (one all-reduce), summed over ranks for the log every step
+(acc-train logs it every step by default).
 
 Timing: the wall clock of whole iterations, from the end of the previous step to the end of
 this one (batch fetch, forward, backward, clipping, optimizer and scheduler steps, reducing the
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, get_scheduler
 
 WARMUP_STEPS = 3
@@ -143,19 +146,24 @@ def main() -> None:
     t_prev = time.perf_counter()
     while step < args.steps:
         for batch in rank_batches(blocks, epoch, args.seed, args.micro_batch_size, rank, world):
-            loss = model(input_ids=batch, labels=batch).loss
+            # the loss as acc-train (and transformers' Trainer) defines it: the mean over every token
+            # the step counts, on all ranks (sum of token losses over the all-reduced count)
+            counted = torch.tensor(batch[:, 1:].numel())
+            dist.all_reduce(counted)
+            logits = model(input_ids=batch, use_cache=False).logits
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1), reduction="sum") / counted
             if engine is not None:  # DeepSpeed clips (gradient_clipping) and zeroes the gradients itself
-                engine.backward(loss)
+                engine.backward(loss * world)  # ranks' gradients are averaged
                 engine.step()
             else:
-                loss.backward()
+                (loss * world).backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             mean = loss.detach().float()
             dist.all_reduce(mean)
-            losses.append(mean.item() / world)
+            losses.append(mean.item())
             step += 1
             now = time.perf_counter()
             if step > WARMUP_STEPS:
