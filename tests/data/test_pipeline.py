@@ -16,6 +16,7 @@ import torch
 from acc_train.config.schema import DataConfig
 from acc_train.data import IGNORE_INDEX, Collate, TokenRows, prepare_data
 from acc_train.data import pack
+from acc_train.data.npyfile import NpyFile
 from acc_train.data.rows import Split
 from acc_train.testing.runs import WORDS, save_tiny_model
 
@@ -148,8 +149,8 @@ def test_second_prepare_hits_the_cache_and_a_changed_file_rebuilds(tmp_path: Pat
     assert first.cache == "built"
     second = prepare_data(_cfg(tmp_path, [data]), tok)
     assert (second.cache, second.path) == ("hit", first.path)
-    assert isinstance(second.train.tokens, np.memmap), "every rank maps the tokens, it does not load them"
-    assert second.train.tokens.dtype == np.uint16
+    assert isinstance(second.train.tokens, NpyFile), "every rank reads the tokens from the cache on demand, it does not load them"
+    assert second.train.tokens.path.parent == Path(first.path) and second.train.tokens.dtype == np.uint16
     np.testing.assert_array_equal(first.train.tokens, second.train.tokens)
     # another option is another entry
     other = prepare_data(_cfg(tmp_path, [data], seq_len=32), tok)
@@ -190,3 +191,29 @@ def test_overlong_examples_are_truncated_or_dropped_and_counted(tmp_path: Path, 
     else:
         assert (c["documents"], c["truncated"], c["dropped"]) == (3, 0, 2)
     assert c["rows"] == c["documents"], "without packing, one example per row"
+
+
+def test_npy_files_read_on_demand_what_numpy_reads(tmp_path: Path) -> None:
+    import pickle
+
+    flat = np.arange(1000, dtype=np.uint16) * 7
+    table = np.arange(60, dtype=np.int64).reshape(30, 2)
+    starts = np.asarray([0, 3, 3, 10, 57, 200], dtype=np.int64)
+    for name, arr in (("flat", flat), ("table", table), ("starts", starts)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    f, t, s = NpyFile(tmp_path / "flat.npy"), NpyFile(tmp_path / "table.npy"), NpyFile(tmp_path / "starts.npy")
+    np.testing.assert_array_equal(f[10:20], flat[10:20])
+    np.testing.assert_array_equal(f[995:2000], flat[995:])
+    assert f[-1] == flat[-1] and len(f) == 1000 and f.shape == (1000,)
+    np.testing.assert_array_equal(t[4], table[4])
+    window = t.window(5, 12)
+    assert len(window) == 7 and window.shape == (7, 2)
+    np.testing.assert_array_equal(window[0], table[5])
+    np.testing.assert_array_equal(np.asarray(list(window)), table[5:12])
+    for value in (-1, 0, 3, 4, 57, 100, 200, 500):
+        for side in ("left", "right"):
+            assert s.searchsorted(value, side=side) == np.searchsorted(starts, value, side=side), (value, side)
+    with pytest.raises(IndexError):
+        f[1000]
+    again = pickle.loads(pickle.dumps(window))
+    np.testing.assert_array_equal(again[0:7], table[5:12])

@@ -21,6 +21,7 @@ import numpy as np
 
 from acc_train.data import pack
 from acc_train.data.files import infer_format, load_error
+from acc_train.data.npyfile import NpyFile
 from acc_train.data.rows import Split
 from acc_train.errors import UserError
 
@@ -154,7 +155,7 @@ def write_split(table: Any, name: str, directory: Path, dtype: type, make_rows: 
     np.save(directory / f"{name}.starts.npy", starts)
     rows = make_rows(starts)
     np.save(directory / f"{name}.rows.npy", rows)
-    split = open_split(directory, name)
+    split = open_split(directory, name, mapped=True)
     return {
         **_counts(fates),
         "tokens": total,
@@ -188,14 +189,19 @@ def _counts(fates: np.ndarray) -> dict[str, int]:
     }
 
 
-def open_split(directory: Path, name: str) -> Split:
-    """A written split, memory-mapped read-only."""
+def open_split(directory: Path, name: str, mapped: bool = False) -> Split:
+    """A written split, read on demand with ``pread`` (:class:`~acc_train.data.npyfile.NpyFile`:
+    a rank's memory does not grow with what it reads), or memory-mapped read-only."""
+
+    def array(file: str) -> Any:
+        return np.load(directory / file, mmap_mode="r", allow_pickle=False) if mapped else NpyFile(directory / file)
+
     loss_file = directory / f"{name}.loss.npy"
     return Split(
-        tokens=np.load(directory / f"{name}.tokens.npy", mmap_mode="r", allow_pickle=False),
-        loss=np.load(loss_file, mmap_mode="r", allow_pickle=False) if loss_file.exists() else None,
-        starts=np.load(directory / f"{name}.starts.npy", mmap_mode="r", allow_pickle=False),
-        rows=np.load(directory / f"{name}.rows.npy", mmap_mode="r", allow_pickle=False),
+        tokens=array(f"{name}.tokens.npy"),
+        loss=array(f"{name}.loss.npy") if loss_file.exists() else None,
+        starts=array(f"{name}.starts.npy"),
+        rows=array(f"{name}.rows.npy"),
     )
 
 

@@ -51,8 +51,8 @@ def packed_rows(starts: np.ndarray, seq_len: int) -> np.ndarray:
 def inner_starts(starts: np.ndarray, begin: int, end: int) -> np.ndarray:
     """The example starts strictly inside ``(begin, end)``: where a row's position ids restart
     and whose token is not predicted from the example before it."""
-    lo = int(np.searchsorted(starts, begin, side="right"))
-    hi = int(np.searchsorted(starts, end, side="left"))
+    lo = int(starts.searchsorted(begin, side="right"))  # (an ndarray, or a NpyFile read on demand)
+    hi = int(starts.searchsorted(end, side="left"))
     return np.asarray(starts[lo:hi], dtype=np.int64)
 
 

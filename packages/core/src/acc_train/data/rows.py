@@ -37,7 +37,8 @@ class Split:
         return len(self.rows)
 
     def subset(self, begin: int, end: int) -> Split:
-        return Split(self.tokens, self.loss, self.starts, self.rows[begin:end])
+        rows = self.rows.window(begin, end) if hasattr(self.rows, "window") else self.rows[begin:end]
+        return Split(self.tokens, self.loss, self.starts, rows)
 
 
 class TokenRows:
