@@ -15,7 +15,7 @@ __all__ = ["data_group"]
 
 @click.group("data")
 def data_group() -> None:
-    """Prepare and inspect a job's training data."""
+    """Prepare a job's training data."""
 
 
 @data_group.command("prepare")
@@ -26,7 +26,7 @@ def data_group() -> None:
 @user_errors
 def prepare(ctx: click.Context, as_json: bool, **params: Any) -> None:
     """Tokenize the job's data files into the cache (data.cache_dir) once, here, with progress
-    bars; every later launch, restart and resume on this machine memory-maps it. Run it once
+    bars; every later launch, restart and resume on this machine reads it from there. Run it once
     per machine (or once, on a cache directory the machines share)."""
     job = resolve_job(merge_parent_params(ctx, params))
     report_plugin_failures()

@@ -74,7 +74,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
         check_output_dir(job)
     started = time.time()
     if cfg.data.train_files and not cfg.data.streaming:
-        _prepare_data(cfg)  # once per machine, here, with progress bars: the workers memory-map it
+        _prepare_data(cfg)  # once per machine, here, with progress bars: the workers read it from the cache
     # the workers read the resolved config from a file of their own: the output directory is
     # left as it is until every worker's checks have passed (rank 0 then writes config.yaml)
     fd, config_path = tempfile.mkstemp(prefix="acc-train-", suffix=".yaml")

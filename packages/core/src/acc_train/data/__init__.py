@@ -1,4 +1,4 @@
-"""Training data: the files checked before launch, tokenized once into a memory-mapped cache
+"""Training data: the files checked before launch, tokenized once into a cache read on demand
 (or streamed), made into rows, and read in an order a resumed run repeats exactly."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tokenizing data files once: ``datasets`` loads them, ``datasets.map(batched=True,
 num_proc=...)`` tokenizes them with the job's kind, and the kept examples are written back to
-back into ``.npy`` arrays that every rank memory-maps (numpy's format: no pickle).
+back into ``.npy`` arrays that every rank reads on demand (numpy's format: no pickle).
 
 Files written for a split ``NAME`` into a directory:
 

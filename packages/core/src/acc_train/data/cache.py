@@ -1,5 +1,5 @@
 """Prepared data: tokenized once per machine into a cache keyed by a fingerprint of everything
-the tokens depend on, memory-mapped by every rank at every later launch, restart and resume.
+the tokens depend on, read on demand by every rank at every later launch, restart and resume.
 
 The cache lives in ``data.cache_dir`` (default ``$XDG_CACHE_HOME/acc-train/data``, that is
 ``~/.cache/acc-train/data``), one directory per fingerprint::

@@ -25,7 +25,7 @@ IGNORE_INDEX = -100
 
 @dataclass
 class Split:
-    """One split of prepared data: the token stream (memory-mapped when cached), per-token loss
+    """One split of prepared data: the token stream (read on demand when cached), per-token loss
     flags (None: every token counts), example starts (with the stream's end last) and rows."""
 
     tokens: np.ndarray
@@ -43,7 +43,7 @@ class Split:
 
 class TokenRows:
     """Indexable rows of a :class:`Split`: each a dict of int64 numpy arrays (``input_ids``,
-    ``labels``, ``position_ids``). Reads only the row's span of the memory-mapped files."""
+    ``labels``, ``position_ids``). Reads only the row's span of the cached files."""
 
     def __init__(self, split: Split) -> None:
         self.split = split
