@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from acc_train import metrics
 from acc_train.metrics import MetricsRow
 from acc_train.testing.runs import WORDS, save_tiny_model
@@ -125,16 +124,22 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny
     return out
 
 
-def resume_from_step_10(run: Path, tmp_path: Path, model: Path, data: dict[str, Path], *strategy_args: str) -> Path:
-    """A copy of a reference run as if killed after step 10's checkpoint, resumed with --resume latest."""
+def stopped_copy(run: Path, dest: Path, saved: int, lost: int) -> Path:
+    """A copy of a finished run as if killed right after step ``saved``'s checkpoint: step
+    ``lost``'s checkpoint, ``final/`` and ``run.json`` gone, ``latest`` naming step ``saved``."""
     import shutil
 
-    resumed = tmp_path / "resumed"
-    shutil.copytree(run, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step-000020")
-    shutil.rmtree(resumed / "final")
-    (resumed / "run.json").unlink()
-    (resumed / "checkpoints" / "latest").write_text("step-000010\n")
+    shutil.copytree(run, dest)
+    shutil.rmtree(dest / "checkpoints" / f"step-{lost:06d}")
+    shutil.rmtree(dest / "final")
+    (dest / "run.json").unlink()
+    (dest / "checkpoints" / "latest").write_text(f"step-{saved:06d}\n")
+    return dest
+
+
+def resume_from_step_10(run: Path, tmp_path: Path, model: Path, data: dict[str, Path], *strategy_args: str) -> Path:
+    """A copy of a reference run as if killed after step 10's checkpoint, resumed with --resume latest."""
+    resumed = stopped_copy(run, tmp_path / "resumed", saved=10, lost=20)
     proc = run_cli(*reference_args(model, data, resumed, *strategy_args, "--resume", "latest"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return resumed

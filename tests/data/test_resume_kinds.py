@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, run_cli
+from tests.conftest import read_metrics, run_cli, stopped_copy
 from tests.data.conftest import CHATML, CORPUS_WORDS, train_tokenizer
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("chat-runs")]
@@ -65,12 +64,7 @@ def test_chat_with_packing_resumes_exactly_from_the_cache(chat_assets: dict[str,
     assert 0 < data["loss_tokens"] < data["tokens"], "system and user tokens are not in the loss"
     assert data["documents"] == 240 and data["setup_s"] > 0
 
-    resumed = tmp_path / "resumed"
-    shutil.copytree(full, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step-000012")
-    shutil.rmtree(resumed / "final")
-    (resumed / "run.json").unlink()
-    (resumed / "checkpoints" / "latest").write_text("step-000006\n")
+    resumed = stopped_copy(full, tmp_path / "resumed", saved=6, lost=12)
     proc = run_cli(*_args(chat_assets, resumed, "--resume", "latest"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     again = json.loads((resumed / "run.json").read_text())["data"]

@@ -7,13 +7,11 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-
 from acc_train.config.schema import DataConfig
 from acc_train.data import TokenRows, data_kind, pack, prepare_data
 from acc_train.data import stream as stream_module
@@ -23,7 +21,7 @@ from acc_train.data.rows import Split
 from acc_train.data.stream import StreamRows
 from acc_train.testing.runs import WORDS, save_tiny_model
 
-from tests.conftest import read_metrics, run_cli, tiny_job_args
+from tests.conftest import read_metrics, run_cli, stopped_copy, tiny_job_args
 
 
 class _Examples(TextKind):
@@ -195,10 +193,9 @@ def test_a_share_without_rows_is_a_user_error(tmp_path: Path, tokenizer: Any) ->
 def test_accumulation_syncs_every_n_micro_batches_without_a_prepared_loader(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """The streamed loader is not prepared: Accelerate's ``accumulate`` counts the micro-steps
     itself. 3 steps x 2 micro-batches x 2 rows, in one process, with an evaluation between."""
-    from accelerate.state import AcceleratorState, GradientState
-
     from acc_train.config import load_job
     from acc_train.trainer import check_output_dir, train
+    from accelerate.state import AcceleratorState, GradientState
 
     for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
@@ -246,12 +243,7 @@ def test_a_streamed_run_resumes_with_the_same_losses_and_refuses_another_world_s
     assert all(s["pass_number"] == 0 and s["taken"] > 0 for s in state["stream"]), "mid-pass at step 6; the next pass begins before step 12"
 
     small = {"train": tiny_data["train_small"], "eval": tiny_data["eval"]}
-    resumed = tmp_path / "resumed"
-    shutil.copytree(streamed_run, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step-000012")
-    shutil.rmtree(resumed / "final")
-    (resumed / "run.json").unlink()
-    (resumed / "checkpoints" / "latest").write_text("step-000006\n")
+    resumed = stopped_copy(streamed_run, tmp_path / "resumed", saved=6, lost=12)
     before = sorted(p.name for p in resumed.rglob("*"))
 
     refused = run_cli(*tiny_job_args(tiny_model_dir, small, resumed, "--num-processes", "1", *STREAM_ARGS, "--resume", "latest"))
