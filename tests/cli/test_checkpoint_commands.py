@@ -102,6 +102,9 @@ def test_export_writes_a_model_transformers_loads_with_the_trained_weights(ddp_r
         torch.testing.assert_close(exported(ids).logits, final(ids).logits)
     again = run_cli("checkpoint", "export", str(ddp_run), "--to", "hf", str(out))
     assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten
+    merge = run_cli("checkpoint", "export", str(ddp_run), "--to", "hf", "--merge", str(tmp_path / "merged"))
+    assert merge.returncode == 2 and "--merge" in merge.stderr and "holds the full model" in merge.stderr  # nothing to merge
+    assert not (tmp_path / "merged").exists()
 
 
 def test_convert_writes_a_verified_checkpoint_in_the_target_format(ddp_run: Path, tmp_path: Path) -> None:

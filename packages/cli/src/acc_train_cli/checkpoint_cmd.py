@@ -77,9 +77,17 @@ def checkpoint_convert(path: str, to: str, world_size: int | None, out: str) -> 
 @checkpoint.command("export")
 @click.argument("path")
 @click.option("--to", "to", required=True, metavar="FORMAT", help="Export format: hf (a save_pretrained directory).")
+@click.option("--merge", is_flag=True, help="LoRA checkpoints: merge the adapters into the base model (a full model) instead of writing an adapter directory.")
 @click.argument("out")
 @user_errors
-def checkpoint_export(path: str, to: str, out: str) -> None:
-    """Write PATH's model as a transformers save_pretrained directory (safetensors) at OUT."""
-    target = _tools().export_checkpoint(path, to, out, warn=_warn)
-    click.echo(f"exported -> {target} (AutoModelForCausalLM.from_pretrained loads it)")
+def checkpoint_export(path: str, to: str, merge: bool, out: str) -> None:
+    """Write PATH's model as a transformers save_pretrained directory (safetensors) at OUT.
+
+    A LoRA checkpoint (model.lora) is written as the adapter directory PEFT loads onto its base
+    model (PeftModel.from_pretrained), or with --merge as the base model with the adapters
+    merged into its weights, which transformers loads alone."""
+    target, adapter = _tools().export_checkpoint(path, to, out, warn=_warn, merge=merge)
+    if adapter:
+        click.echo(f"exported -> {target} (LoRA adapters: PeftModel.from_pretrained(base_model, {str(target)!r}) loads them)")
+    else:
+        click.echo(f"exported -> {target} (AutoModelForCausalLM.from_pretrained loads it)")

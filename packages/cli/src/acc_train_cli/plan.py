@@ -67,6 +67,8 @@ def build_plan(job: Any) -> dict[str, Any]:
     precision = _precision(cfg.training.mixed_precision)
     dtype = "fp32" if cfg.model.dtype == "auto" else cfg.model.dtype  # whatever the checkpoint is stored in
     inp = PlanInput(shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc, dtype=dtype)
+    # LoRA's frozen base: the parameter bytes the strategy holds for that many elements, nothing more
+    frozen_inp = PlanInput(shape.frozen, inp.world_size, precision, local_world_size=nproc, dtype=dtype) if shape.frozen else None
     mbs, seq = cfg.training.micro_batch_size, cfg.data.seq_len
     rows: list[dict[str, Any]] = []
     job_matched = False
@@ -74,6 +76,7 @@ def build_plan(job: Any) -> dict[str, Any]:
     def add(label: str, strategy: Any, is_job: bool) -> None:
         try:
             mp = strategy.plan_memory(inp)
+            frozen = strategy.plan_memory(frozen_inp).params if frozen_inp is not None else 0
         except Exception as exc:  # noqa: BLE001 - one plugin's broken accounting must not hide the others
             click.echo(f"warning: strategy {strategy.name!r} could not plan {label!r}: {type(exc).__name__}: {exc}", err=True)
             return
@@ -88,10 +91,11 @@ def build_plan(job: Any) -> dict[str, Any]:
                 "params": mp.params,
                 "grads": mp.grads,
                 "optimizer": mp.optimizer,
+                "frozen": frozen,
                 "model_state": mp.model_state,
                 "activations": act,
                 "activations_recomputed": recompute,
-                "device_total": mp.on_device() + (act or 0),
+                "device_total": mp.on_device() + frozen * ("params" not in mp.offload) + (act or 0),
                 "offloaded": mp.offloaded(),
                 "offload": dict(mp.offload),
                 "formula": mp.formula,
@@ -110,6 +114,8 @@ def build_plan(job: Any) -> dict[str, Any]:
     return {
         "model": shape.name,
         "parameters": shape.parameters,
+        "frozen_parameters": shape.frozen,
+        "lora": cfg.model.lora.model_dump(mode="json") if cfg.model.lora is not None else None,
         "num_processes": nproc,
         "num_machines": cfg.launch.num_machines,
         "world_size": inp.world_size,
@@ -133,13 +139,20 @@ def _print_table(data: dict[str, Any]) -> None:
         + f"; {precision}; micro-batch {data['micro_batch_size']} x {data['seq_len']} tokens"
         + ("; activations recomputed in backward (training.gradient_checkpointing)" if data["gradient_checkpointing"] else "")
     )
+    lora = data.get("lora")
+    if lora:
+        click.echo(
+            f"LoRA (model.lora: r {lora['r']}, targets {lora['target_modules']}): psi counts the adapters alone; the base model's "
+            f"{data['frozen_parameters']:,} parameters are frozen: held as each strategy holds parameters, no gradients, no moments"
+        )
     click.echo("per rank; '(cpu)' marks state held in CPU memory (offload), left out of the device total\n")
 
     def cell(row: dict[str, Any], part: str) -> str:
         where = row["offload"].get(part)
         return human_bytes(row[part]) + (f" ({where})" if where else "")
 
-    head = ("strategy", "params", "grads", "optimizer", "activations*", "device total", "offloaded", "model-state formula")
+    frozen = bool(data.get("frozen_parameters"))
+    head = ("strategy", "params", "grads", "optimizer", *(("frozen base",) if frozen else ()), "activations*", "device total", "offloaded", "model-state formula")
     lines = [head]
     for r in data["rows"]:
         lines.append(
@@ -148,6 +161,7 @@ def _print_table(data: dict[str, Any]) -> None:
                 cell(r, "params"),
                 cell(r, "grads"),
                 cell(r, "optimizer"),
+                *((cell({**r, "params": r["frozen"]}, "params"),) if frozen else ()),
                 human_bytes(r["activations"]) if r["activations"] is not None else "n/a",
                 human_bytes(r["device_total"]),
                 human_bytes(r["offloaded"]) if r["offloaded"] else "-",

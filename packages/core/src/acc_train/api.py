@@ -17,6 +17,7 @@ from acc_train.checkpoint import (
     flatten_optimizer_state,
     load_portable_into,
     read_portable_state,
+    state_dict_options,
     unflatten_optimizer_state,
     write_portable_state,
 )
@@ -46,7 +47,7 @@ __all__ = [
     "checkpoint_formats", "strategies", "wrap_policies",
     # checkpoint formats and the portable state
     "CheckpointFormat", "DCPFormat", "flatten_optimizer_state", "load_portable_into", "read_portable_state",
-    "unflatten_optimizer_state", "write_portable_state",
+    "state_dict_options", "unflatten_optimizer_state", "write_portable_state",
     # accounting for run.json and acc-train plan
     "MemoryPlan", "ModelStateMeter", "PlanInput", "TorchOptimizerMeter", "dtype_name", "local_nbytes", "replicated",
     # the model

@@ -130,29 +130,50 @@ def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = No
     return Path(out)
 
 
-def export_checkpoint(path: str, to: str, out: str, warn: Warn | None = None) -> Path:
+def export_checkpoint(path: str, to: str, out: str, warn: Warn | None = None, merge: bool = False) -> tuple[Path, bool]:
     """Write the checkpoint's model as a ``save_pretrained`` directory (safetensors) that
-    ``transformers`` loads."""
+    ``transformers`` loads: (where, whether it is an adapter directory). A LoRA checkpoint is
+    exported as its adapter directory, or with ``merge`` as its base model with the adapters
+    merged in (the base read from where the manifest says it was trained)."""
     if to != "hf":
         raise UserError(f"cannot export to {to!r}", where="--to", hint="choose: hf")
     check_new_directory(out, "OUT")
     ckpt = resolve_checkpoint(path, warn)
     manifest = verify_checkpoint(ckpt)
+    adapters = manifest.get("adapters")
+    if merge and not adapters:
+        raise UserError("--merge merges LoRA adapters, and this checkpoint holds the full model", where="--merge", hint="export it without --merge")
     if not (ckpt / "model_config.json").is_file():
         raise UserError("the checkpoint has no model_config.json", where=str(ckpt), hint="export the run's final/ directory instead")
     flat = read_full_state(ckpt, manifest)
     weights = {k.removeprefix("model."): v for k, v in flat.items() if k.startswith("model.")}
 
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    if adapters:
+        model = _adapter_model(ckpt, weights, adapters, merge)
+    else:
+        model = _model_from_weights(ckpt, weights)
+    with new_directory(out, "OUT") as staging:
+        model.save_pretrained(staging, safe_serialization=True)
+    return Path(out), bool(adapters) and not merge
+
+
+def _meta_model(ckpt: Path) -> Any:
+    """The checkpoint's model (``model_config.json``) on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     raw = json.loads((ckpt / "model_config.json").read_text())
     config = AutoConfig.for_model(raw.pop("model_type"), **raw)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _model_from_weights(ckpt: Path, weights: dict[str, Any]) -> Any:
+    """The checkpoint's model holding its full weights."""
+    model = _meta_model(ckpt)
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [m for m in missing if m not in tied]
@@ -163,6 +184,30 @@ def export_checkpoint(path: str, to: str, out: str, warn: Warn | None = None) ->
         )
     if tied:
         model.tie_weights()
-    with new_directory(out, "OUT") as staging:
-        model.save_pretrained(staging, safe_serialization=True)
-    return Path(out)
+    return model
+
+
+def _adapter_model(ckpt: Path, weights: dict[str, Any], adapters: dict[str, Any], merge: bool) -> Any:
+    """A LoRA checkpoint's PEFT model (its base on the meta device: only the adapters are
+    written), or with ``merge`` its base model, loaded from ``adapters["base_model"]`` in the
+    dtype it is stored in, with the adapters merged into its weights."""
+    from acc_train.adapters import with_adapters
+
+    base_name = adapters.get("base_model")
+    if not merge:
+        base = _meta_model(ckpt)
+        base.config._name_or_path = base_name or ""  # adapter_config.json's base_model_name_or_path
+        return with_adapters(base, weights, adapters, str(ckpt), assign=True)
+    if not base_name:
+        raise UserError("the checkpoint does not name the base model its adapters belong to", where=str(ckpt), hint="export without --merge")
+    from transformers import AutoModelForCausalLM
+
+    try:
+        base = AutoModelForCausalLM.from_pretrained(base_name, dtype="auto")
+    except OSError as exc:
+        raise UserError(
+            f"cannot load the base model {base_name!r} the adapters were trained on: {str(exc).splitlines()[0]}",
+            where=str(ckpt / MANIFEST),
+            hint="make the base model available at that path (or hub id), or export without --merge",
+        ) from None
+    return with_adapters(base, weights, adapters, base_name).merge_and_unload()

@@ -113,11 +113,15 @@ class ModelShape:
     its transformer dimensions (None where the config does not say)."""
 
     name: str
+    #: trainable parameters (LoRA's adapters under ``model.lora``)
     parameters: int
     layers: int | None
     hidden: int | None
     heads: int | None
     vocab: int | None
+    #: frozen parameters (LoRA's base model): held as the strategy holds parameters, with no
+    #: gradients and no optimizer state
+    frozen: int = 0
 
 
 def _first(config: Any, *names: str) -> int | None:
@@ -129,11 +133,13 @@ def _first(config: Any, *names: str) -> int | None:
 
 
 def model_shape(config: JobConfig) -> ModelShape:
-    """Count the job's model on the meta device: its config is read, no weight is allocated."""
+    """Count the job's model (with ``model.lora``'s adapters) on the meta device: its config is
+    read, no weight is allocated."""
     from acc_train.model import meta_model
 
     model, mcfg = meta_model(config)
     psi = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     return ModelShape(
         name=config.model.name_or_path or "demo (Llama, byte-level)",
         parameters=psi,
@@ -141,6 +147,7 @@ def model_shape(config: JobConfig) -> ModelShape:
         hidden=_first(mcfg, "hidden_size", "n_embd", "d_model"),
         heads=_first(mcfg, "num_attention_heads", "n_head", "num_heads"),
         vocab=_first(mcfg, "vocab_size"),
+        frozen=frozen,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from acc_train.adapters import apply_lora
 from acc_train.errors import UserError
 
 if TYPE_CHECKING:
@@ -136,8 +137,9 @@ BUILD_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, ZeroDivisionError
 
 
 def meta_model(config: JobConfig) -> tuple[Any, Any]:
-    """(the job's model built on the meta device, its config): nothing is allocated, so this
-    checks any config before launch; what transformers cannot build is a UserError."""
+    """(the job's model built on the meta device, with ``model.lora``'s adapters, its config):
+    nothing is allocated, so this checks any config before launch; what transformers cannot
+    build is a UserError."""
     import torch
     import transformers
 
@@ -147,7 +149,7 @@ def meta_model(config: JobConfig) -> tuple[Any, Any]:
             model = transformers.AutoModelForCausalLM.from_config(mcfg, trust_remote_code=config.model.trust_remote_code)
     except BUILD_ERRORS as exc:
         raise _refuse_config(config, exc, "cannot build a causal LM from it: ", "acc-train trains AutoModelForCausalLM models; fix the config") from None
-    return model, mcfg
+    return apply_lora(model, config), mcfg
 
 
 def check_model_builds(config: JobConfig) -> Any | None:

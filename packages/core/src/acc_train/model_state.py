@@ -47,6 +47,13 @@ class ModelStateMeter:
         """``{"params": ..., "grads": ..., "optimizer": ...}`` in bytes held by this rank."""
         raise NotImplementedError
 
+    def frozen_param_bytes(self, model: Any) -> int:
+        """Bytes of the frozen parameters (LoRA's base model) this rank holds: no gradients and
+        no optimizer state, so not in :meth:`result`. The default counts each frozen
+        parameter's local tensor (a DTensor's shard); a strategy that keeps parameters
+        elsewhere (partitions) overrides it."""
+        return sum(local_nbytes(p) for p in model.parameters() if not p.requires_grad)
+
     def dtypes(self) -> dict[str, str | None]:
         """``{"param_dtype": ..., "master_dtype": ...}`` (:func:`dtype_name`): the trainable
         parameters as this rank holds them, and the weights its optimizer steps (the parameters

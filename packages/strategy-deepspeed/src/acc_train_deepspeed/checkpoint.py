@@ -30,7 +30,8 @@ class DeepSpeedCheckpointFormat(CheckpointFormat):
     def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
         from acc_train.api import write_portable_state
 
-        model.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
+        # frozen parameters (LoRA's base weights) come from the base model, not from checkpoints
+        model.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False, exclude_frozen_parameters=True)
         weights, moments = _gather_portable(model)
         write_portable_state(directory, weights, moments)
 
@@ -38,7 +39,10 @@ class DeepSpeedCheckpointFormat(CheckpointFormat):
         if not (directory / "deepspeed").is_dir():  # e.g. converted to the portable state alone
             self.load_portable(accelerator, model, optimizer, directory)
             return
-        path, _ = model.load_checkpoint(str(directory / "deepspeed"), tag="state", load_optimizer_states=True, load_lr_scheduler_states=False)
+        frozen = any(not p.requires_grad for p in model.module.parameters())
+        path, _ = model.load_checkpoint(
+            str(directory / "deepspeed"), tag="state", load_optimizer_states=True, load_lr_scheduler_states=False, load_module_strict=not frozen
+        )
         if path is None:
             raise UserError(f"DeepSpeed found no checkpoint in {directory / 'deepspeed'}", where="--resume")
 
@@ -101,8 +105,9 @@ def _adam_step(zero: Any) -> float:
 
 
 def _gather_portable(engine: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every parameter's fp32 weight and Adam moments, whole, keyed by name (collective:
-    DeepSpeed all-gathers each from the ranks' partitions)."""
+    """Every trainable parameter's fp32 weight and Adam moments, whole, keyed by name
+    (collective: DeepSpeed all-gathers each from the ranks' partitions). Frozen parameters
+    (LoRA's base weights) are not state: they come from the base model."""
     import torch
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
@@ -111,14 +116,12 @@ def _gather_portable(engine: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     weights: dict[str, Any] = {}
     moments: dict[str, Any] = {}
     for first, names, p in _names_by_param(engine.module):
-        full = safe_get_full_fp32_param(p) if p.requires_grad else None
-        if full is None:  # frozen: not in the optimizer, the module holds it (whole below stage 3)
-            full = p.detach()
-        full = full.detach().cpu().float().reshape(_full_shape(p))
+        if not p.requires_grad:
+            continue
+        full = safe_get_full_fp32_param(p).detach().cpu().float().reshape(_full_shape(p))
         for name in names:
             weights[name] = full
-        if p.requires_grad:
-            moments[first] = {"step": step.clone(), **{k: safe_get_full_optimizer_state(p, k).detach().cpu().reshape(_full_shape(p)) for k in MOMENTS}}
+        moments[first] = {"step": step.clone(), **{k: safe_get_full_optimizer_state(p, k).detach().cpu().reshape(_full_shape(p)) for k in MOMENTS}}
     return weights, moments
 
 
@@ -134,8 +137,8 @@ def _set_partition(zero: Any, p: Any, value: Any, key: str | None) -> None:
 
 
 def _scatter_portable(engine: Any, directory: Path) -> None:
-    """Set weights, fp32 master partitions and Adam moments from a portable state written
-    under any strategy and world size."""
+    """Set the trainable parameters' weights, fp32 master partitions and Adam moments from a
+    portable state written under any strategy and world size (frozen ones are the base model's)."""
     import torch
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
@@ -143,12 +146,11 @@ def _scatter_portable(engine: Any, directory: Path) -> None:
 
     zero = engine.optimizer
     stage = engine.zero_optimization_stage()
-    params = _names_by_param(engine.module)
+    params = [entry for entry in _names_by_param(engine.module) if entry[2].requires_grad]
     weights = {name: torch.empty(_full_shape(p), dtype=torch.float32) for _, names, p in params for name in names}
     moments = {
         first: {"step": torch.zeros((), dtype=torch.float32), **{k: torch.empty(_full_shape(p), dtype=torch.float32) for k in MOMENTS}}
         for first, _, p in params
-        if p.requires_grad
     }
     read_portable_state(directory, weights, moments)
     _ensure_adam_state(engine)
@@ -157,22 +159,14 @@ def _scatter_portable(engine: Any, directory: Path) -> None:
         for first, _, p in params:
             w = weights[first]
             if stage == 3:
-                if p.requires_grad:
-                    _set_partition(zero, p, w, None)
-                    for k in MOMENTS:
-                        _set_partition(zero, p, moments[first][k], k)
-                else:
-                    n = p.ds_tensor.numel()
-                    start = n * zero._get_param_partition_rank(p)
-                    flat = w.flatten()
-                    p.ds_tensor.data.zero_()
-                    p.ds_tensor.data[: max(0, min(n, flat.numel() - start))].copy_(flat[start : start + n])
+                _set_partition(zero, p, w, None)
+                for k in MOMENTS:
+                    _set_partition(zero, p, moments[first][k], k)
                 continue
             p.data.copy_(w.to(p.dtype))  # below stage 3 every rank holds the module's weights whole
-            if p.requires_grad:
-                safe_set_full_fp32_param(p, w)
-                for k in MOMENTS:
-                    safe_set_full_optimizer_state(p, moments[first][k], k)
+            safe_set_full_fp32_param(p, w)
+            for k in MOMENTS:
+                safe_set_full_optimizer_state(p, moments[first][k], k)
         if stage == 3:  # the module's partitions follow the fp32 masters, as after a step
             for lp, hp in zip(zero.fp16_partitioned_groups_flat, zero.fp32_partitioned_groups_flat):
                 lp.data.copy_(hp.data)

@@ -12,7 +12,8 @@ __all__ = ["ZeroMeter"]
 class ZeroMeter(ModelStateMeter):
     """Model-state bytes of one rank under ZeRO, counted from DeepSpeed's own buffers.
 
-    - parameters: the module's parameters (under stage 3, this rank's partition ``ds_tensor``);
+    - parameters: the module's trainable parameters (under stage 3, this rank's partition
+      ``ds_tensor``); frozen ones (LoRA's base) are counted apart, by ``frozen_param_bytes``;
     - gradients: the most held at once. Stage 1 and 2 are looked at when the engine starts
       reducing them (stage 1 still holds every parameter's full ``.grad`` there) and when the
       ZeRO optimizer steps (the partition in ``averaged_gradients``); stage 3 keeps its
@@ -50,10 +51,15 @@ class ZeroMeter(ModelStateMeter):
         partitions = [t for v in averaged.values() if v is not None for t in (v if isinstance(v, list) else [v])]
         return on_params + sum(local_nbytes(t) for t in partitions)
 
-    def _held(self) -> list[Any]:
-        """The module's parameters as this rank holds them (stage 3: its partitions)."""
-        module_params = list(self.engine.module.parameters())
+    def _held(self, trainable: bool = True) -> list[Any]:
+        """The module's trainable (or frozen) parameters as this rank holds them (stage 3: its
+        partitions)."""
+        module_params = [p for p in self.engine.module.parameters() if p.requires_grad == trainable]
         return [p.ds_tensor for p in module_params] if self.stage == 3 else module_params
+
+    def frozen_param_bytes(self, model: Any) -> int:
+        """The frozen parameters (LoRA's base model) as this rank holds them (stage 3: partitions)."""
+        return sum(local_nbytes(p) for p in self._held(trainable=False))
 
     def _masters(self) -> list[Any]:
         """The weights the optimizer steps: ZeRO-3's and ZeRO-1/2's master partitions, or the
@@ -65,9 +71,7 @@ class ZeroMeter(ModelStateMeter):
         return [p for group in self.zero.param_groups for p in group["params"]]
 
     def dtypes(self) -> dict[str, str | None]:
-        trainable = [p for p in self.engine.module.parameters() if p.requires_grad]
-        held = [p.ds_tensor for p in trainable] if self.stage == 3 else trainable
-        return {"param_dtype": dtype_name(held), "master_dtype": dtype_name(self._masters())}
+        return {"param_dtype": dtype_name(self._held()), "master_dtype": dtype_name(self._masters())}
 
     def result(self) -> dict[str, int]:
         import torch

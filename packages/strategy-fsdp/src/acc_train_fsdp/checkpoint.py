@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acc_train.api import CheckpointFormat, flatten_optimizer_state, load_portable_into, unflatten_optimizer_state
+from acc_train.api import CheckpointFormat, flatten_optimizer_state, load_portable_into, state_dict_options, unflatten_optimizer_state
 
 __all__ = ["FullFormat"]
 
@@ -54,15 +54,15 @@ class FullFormat(CheckpointFormat):
 
     def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
         from safetensors.torch import save_file
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         keep = accelerator.is_main_process
         if accelerator.acc_machine.device_type == "cpu":
             # gathered from the sharded state: FSDP1's full-state-dict path crashes on CPU (torch 2.13)
-            sharded_model, sharded_optim = get_state_dict(model, _torch_optimizer(optimizer))
+            sharded_model, sharded_optim = get_state_dict(model, _torch_optimizer(optimizer), options=state_dict_options())
             msd, osd = gather_full(sharded_model, keep), gather_full(sharded_optim, keep)
         else:
-            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            opts = state_dict_options(full_state_dict=True, cpu_offload=True)
             msd, osd = get_state_dict(model, _torch_optimizer(optimizer), options=opts)
         if keep:
             save_file({k: v.detach().contiguous().clone() for k, v in msd.items()}, str(directory / "model.safetensors"))
@@ -72,11 +72,11 @@ class FullFormat(CheckpointFormat):
 
     def load(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
         from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_state_dict
 
         msd = load_file(str(directory / "model.safetensors"))
         osd = unflatten_optimizer_state(load_file(str(directory / "optimizer.safetensors")), json.loads((directory / "optimizer.json").read_text()))
-        set_state_dict(model, _torch_optimizer(optimizer), model_state_dict=msd, optim_state_dict=osd, options=StateDictOptions(full_state_dict=True))
+        set_state_dict(model, _torch_optimizer(optimizer), model_state_dict=msd, optim_state_dict=osd, options=state_dict_options(full_state_dict=True))
 
     def load_portable(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
         """From another strategy's portable state (its own checkpoints are not portable)."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from acc_train.checkpoint.portable import (
     load_portable_into,
     read_portable_full,
+    state_dict_options,
     torch_optimizer,
     write_portable_state,
 )
@@ -90,13 +91,13 @@ class DCPFormat(CheckpointFormat):
     def save(self, accelerator: Accelerator, model: Any, optimizer: Any, directory: Path) -> None:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        msd, osd = get_state_dict(model, torch_optimizer(optimizer))
+        msd, osd = get_state_dict(model, torch_optimizer(optimizer), options=state_dict_options())
         write_portable_state(directory, msd, osd["state"])
 
     def save_async(self, accelerator: Accelerator, model: Any, optimizer: Any, directory: Path, process_group: Any) -> Any:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        msd, osd = get_state_dict(model, torch_optimizer(optimizer))
+        msd, osd = get_state_dict(model, torch_optimizer(optimizer), options=state_dict_options())
         return write_portable_state(directory, msd, osd["state"], process_group=process_group, asynchronous=True)
 
     def load(self, accelerator: Accelerator, model: Any, optimizer: Any, directory: Path) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from acc_train.adapters import check_adapters_match
 from acc_train.checkpoint.faults import fault_point
 from acc_train.checkpoint.format import CheckpointFormat
 from acc_train.checkpoint.hashing import (
@@ -289,6 +290,7 @@ class CheckpointManager:
         raise_problems(path, list(dict.fromkeys(p for found in problems for p in found)))
         if isinstance(self.manifest_extra.get("model"), dict):
             check_same_model(manifest, self.manifest_extra["model"], path)
+        check_adapters_match(manifest.get("adapters"), self.manifest_extra.get("adapters"), f"--resume {path}")
         written = manifest.get("data") or {}
         changed = [f"{k}: checkpoint {written.get(k)!r}, this run {v!r}" for k, v in self.data_signature.items() if written.get(k) != v]
         if changed:

@@ -31,6 +31,7 @@ __all__ = [
     "read_portable_full",
     "write_portable_full",
     "load_portable_into",
+    "state_dict_options",
 ]
 
 #: the portable state's directory inside a checkpoint
@@ -66,6 +67,16 @@ def unflatten_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict[str, 
     # JSON has no tuples; optimizers keep e.g. ``betas`` as one
     groups = [{k: (tuple(v) if isinstance(v, list) and k != "params" else v) for k, v in g.items()} for g in meta["param_groups"]]
     return {"state": state, "param_groups": groups}
+
+
+def state_dict_options(**options: Any) -> Any:
+    """torch's ``StateDictOptions`` for every state acc-train saves and loads: frozen parameters
+    are left out (LoRA's base weights come from the base model, not from checkpoints), so a
+    load fills the trainable parameters alone (``strict=False`` for the frozen ones; a missing
+    trainable tensor is still an error, raised by DCP when it reads). ``options``: more of them."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False, **options)
 
 
 def torch_optimizer(optimizer: Any) -> Any:
@@ -153,6 +164,7 @@ def load_portable_into(model: Any, optimizer: Any, directory: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     optim = torch_optimizer(optimizer)
-    msd, osd = get_state_dict(model, optim)  # this run's layout; initialises the optimizer state
+    options = state_dict_options()
+    msd, osd = get_state_dict(model, optim, options=options)  # this run's layout; initialises the optimizer state
     read_portable_state(directory, msd, osd["state"])
-    set_state_dict(model, optim, model_state_dict=msd, optim_state_dict=osd)
+    set_state_dict(model, optim, model_state_dict=msd, optim_state_dict=osd, options=options)

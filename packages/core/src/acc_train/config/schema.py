@@ -15,7 +15,7 @@ from acc_train.strategy import DEFAULT_STRATEGY
 
 __all__ = [
     "JobConfig", "ModelConfig", "DataConfig", "OptimizerConfig", "SchedulerConfig", "TrainingConfig",
-    "CheckpointConfig", "LaunchConfig", "DEFAULT_MAX_STEPS", "TRACKER_MODULES", "SCHEDULERS", "MAX_INT64",
+    "CheckpointConfig", "LaunchConfig", "LoraConfig", "DEFAULT_MAX_STEPS", "TRACKER_MODULES", "SCHEDULERS", "MAX_INT64",
     "MAX_SEED", "MAX_PROCESSES_PER_MACHINE", "MAX_SEQ_LEN", "MODEL_DTYPES", "FINE_TUNE_DEFAULTS", "DEMO_EVAL_FRACTION",
 ]  # fmt: skip
 
@@ -84,6 +84,24 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
 
 
+class LoraConfig(Section):
+    """LoRA adapters through PEFT (``model.lora``): the base model's weights are frozen, and only
+    the adapters are trained, in the optimizer and in checkpoints. The defaults follow the QLoRA
+    paper and axolotl: rank 16, alpha 32, every linear layer of the transformer blocks."""
+
+    #: The adapters' rank.
+    r: int = Field(16, ge=1, le=65536)
+    #: Scaling numerator: the adapter's output is scaled by ``alpha / r``.
+    alpha: PositiveFloat = 32.0
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, allow_inf_nan=False)
+    #: Module names (or suffixes) to adapt, or ``all-linear``: every linear layer but the output
+    #: head, whatever the architecture calls them (PEFT's own rule).
+    target_modules: list[NonEmptyStr] | Literal["all-linear"] = "all-linear"
+    #: Modules trained in full beside the adapters and saved with them (e.g. ``lm_head`` and
+    #: ``embed_tokens`` after adding tokens); PEFT's ``modules_to_save``.
+    modules_to_save: list[NonEmptyStr] = Field(default_factory=list)
+
+
 class ModelConfig(Section):
     #: A local directory or hub id for ``from_pretrained``; None trains the built-in demo model.
     name_or_path: NonEmptyStr | None = None
@@ -101,6 +119,8 @@ class ModelConfig(Section):
     #: ``flash_attention_2`` (a CUDA GPU and the flash-attn package) or any name transformers
     #: accepts. Null: transformers' default, ``sdpa`` where the model supports it, else ``eager``.
     attn_implementation: NonEmptyStr | None = None
+    #: Train LoRA adapters (PEFT) on the frozen model instead of every weight; null: full fine-tuning.
+    lora: LoraConfig | None = None
 
     @model_validator(mode="after")
     def _config_only_for_demo(self) -> ModelConfig:

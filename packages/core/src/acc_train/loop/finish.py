@@ -10,6 +10,7 @@ from typing import Any
 
 from acc_train.checkpoint import TrainerState
 from acc_train.loop.loop import LoopResult
+from acc_train.model_state import ModelStateMeter
 from acc_train.output_paths import fresh_directory, replace_file
 from acc_train.run import RunContext
 
@@ -58,6 +59,7 @@ def _per_rank(run: RunContext) -> tuple[list[dict[str, Any]], int]:
         "peak_memory_bytes": peak_memory_bytes(accelerator.acc_machine.device_type),
         "param_checksum": _param_checksum(model),
         "model_state_bytes": meter.result() if meter is not None else None,
+        "frozen_param_bytes": (meter or ModelStateMeter()).frozen_param_bytes(model),
         **_dtypes(run),
     }
     return sorted(gather_object([mine]), key=lambda r: r["rank"]), model_elements
@@ -141,12 +143,19 @@ def write_run_json(run: RunContext, summary: dict[str, Any]) -> None:
 
 
 def save_final(run: RunContext, tokenizer: Any) -> None:
-    """``final/``: the consolidated model as ``save_pretrained`` safetensors, moved in atomically."""
+    """``final/``: the consolidated model as ``save_pretrained`` safetensors, moved in
+    atomically; under ``model.lora``, the adapter directory PEFT loads onto the base model."""
+    from acc_train.adapters import is_adapter_model, save_adapter
+
     accelerator, model, out = run.accelerator, run.model, run.output_dir
     state_dict = accelerator.acc_strategy.full_state_dict(accelerator, model)
     if accelerator.is_main_process:
         tmp = fresh_directory(out, ".final-")
-        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict)
+        unwrapped = accelerator.unwrap_model(model)
+        if is_adapter_model(unwrapped):
+            save_adapter(unwrapped, state_dict, tmp)
+        else:
+            unwrapped.save_pretrained(tmp, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         final = out / "final"

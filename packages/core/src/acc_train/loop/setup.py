@@ -190,7 +190,8 @@ def _pad_id(tokenizer: Any) -> int:
 def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
     """The job's model (in ``model.dtype``'s precision, a warning for pure low precision),
     refused if the data holds token ids beyond its vocabulary; with
-    ``training.gradient_checkpointing``, set to recompute its layers' activations."""
+    ``training.gradient_checkpointing``, set to recompute its layers' activations; with
+    ``model.lora``, wrapped by PEFT (only the adapters train)."""
     from acc_train.machine import current_machine
     from acc_train.model import build_model as build
     from acc_train.model import check_attn_implementation, enable_gradient_checkpointing
@@ -213,6 +214,10 @@ def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
     built = BuiltModel(model, model_fingerprint(model.config), type(model).__name__, json.loads(model.config.to_json_string(use_diff=False)))
     if cfg.training.gradient_checkpointing:  # after the fingerprint: use_cache is a training setting, not the model
         enable_gradient_checkpointing(model)
+    if cfg.model.lora is not None:  # the base model's config and class stay the fingerprint
+        from acc_train.adapters import apply_lora
+
+        built.model = apply_lora(model, cfg)
     return built
 
 
@@ -255,6 +260,8 @@ def prepare(job: ResolvedJob, accelerator: Accelerator, built: BuiltModel, data:
 
 def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltModel, data: TrainData) -> CheckpointManager:
     """The run's checkpoints, in the format the strategy names."""
+    from acc_train.adapters import adapter_manifest
+
     cfg = job.config
     t_cfg = cfg.training
     fmt = checkpoint_formats().get(job.strategy.checkpoint_format_name())
@@ -284,6 +291,8 @@ def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltM
             "strategy_options": job.strategy.options.model_dump(mode="json"),
             "model": built.fingerprint,
             "model_class": built.class_name,
+            # LoRA: the checkpoints hold the adapters alone, and the base model they belong to
+            "adapters": adapter_manifest(cfg),
             "versions": library_versions(),
         },
         data_signature=signature,

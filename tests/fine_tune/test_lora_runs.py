@@ -1,0 +1,137 @@
+"""LoRA for real (2 CPU processes, fp32): every strategy trains the adapters to DDP's losses,
+checkpoints hold the adapters alone and resume across strategies, ``final/`` is an adapter
+directory PEFT loads, and ``checkpoint export --merge`` writes a model transformers loads alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_metrics, run_cli, stopped_copy, tiny_job_args
+
+pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("lora")]
+
+STEPS = 8
+LORA = ("--set", "model.lora.r=4", "--set", "model.lora.alpha=8")
+#: the strategies LoRA is run under, each compared with ddp
+STRATEGIES = {
+    "ddp": ("--strategy", "ddp"),
+    "fsdp2": ("--strategy", "fsdp"),
+    "fsdp1": ("--strategy", "fsdp1"),
+    "zero2": ("--strategy", "zero2"),
+    "zero3": ("--strategy", "zero3"),
+    # PEFT under transformers' gradient checkpointing (non-reentrant: no input grads needed)
+    "ddp-checkpointed": ("--strategy", "ddp", "--set", "training.gradient_checkpointing=true"),
+}
+
+
+def _args(model: Path, data: dict[str, Path], out: Path, *extra: str, lora: tuple[str, ...] = LORA) -> list[str]:
+    steps = ("--max-steps", str(STEPS), "--set", "checkpoint.every=4", "--set", "checkpoint.keep_last=null")
+    return tiny_job_args(model, data, out, "--num-processes", "2", *steps, *lora, *extra)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            out = tmp_path_factory.mktemp(f"lora-{name}") / "run"
+            proc = run_cli(*_args(tiny_model_dir, tiny_data, out, *STRATEGIES[name]))
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            made[name] = out
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", [n for n in STRATEGIES if n != "ddp"])
+def test_lora_trains_to_ddps_losses(runs, name: str) -> None:
+    ref, got = read_metrics(runs("ddp")), read_metrics(runs(name))
+    assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
+    assert ref[STEPS]["loss"] != ref[1]["loss"]  # the adapters did train
+    for step in ref:
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-4), (name, step)
+    summary = json.loads((runs(name) / "run.json").read_text())
+    for rank in summary["per_rank"]:
+        assert rank["frozen_param_bytes"] > 0  # the base model, held without gradients or moments
+        assert rank["param_dtype"] == "float32"
+
+
+@pytest.mark.parametrize("name", ["ddp", "zero3"])
+def test_checkpoints_hold_the_adapters_and_their_optimizer_state_alone(runs, name: str) -> None:
+    from acc_train.checkpoint import read_portable_full
+
+    ckpt = runs(name) / "checkpoints" / "step-000004"
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["adapters"]["type"] == "lora" and manifest["adapters"]["r"] == 4
+    flat = read_portable_full(ckpt)
+    weights = [k for k in flat if k.startswith("model.")]
+    moments = [k for k in flat if k.startswith("optim.state.")]
+    assert weights and all(".lora_A." in k or ".lora_B." in k for k in weights)
+    assert {k.rsplit(".", 1)[0] for k in moments if not k.endswith(".step")} >= {f"optim.state.{k.removeprefix('model.')}" for k in weights}
+    assert all(".lora_" in k for k in moments)
+
+
+@pytest.mark.parametrize(("writer", "reader"), [("ddp", "fsdp2"), ("zero3", "ddp")])
+def test_lora_resumes_under_another_strategy(runs, writer: str, reader: str, tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    resumed = stopped_copy(runs(writer), tmp_path / "resumed", saved=4, lost=8)
+    proc = run_cli(*_args(tiny_model_dir, tiny_data, resumed, *STRATEGIES[reader], "--resume", "latest"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref, got = read_metrics(runs("ddp")), read_metrics(resumed)
+    for step in range(5, STEPS + 1):
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-5), step
+
+
+def test_a_lora_checkpoint_does_not_resume_as_full_fine_tuning(runs, tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    resumed = stopped_copy(runs("ddp"), tmp_path / "resumed", saved=4, lost=8)
+    proc = run_cli(*_args(tiny_model_dir, tiny_data, resumed, "--resume", "latest", lora=()))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "holds LoRA adapters, and this run trains full fine-tuning" in proc.stderr
+    assert not (resumed / "final").exists()
+
+
+def test_final_loads_with_peft_and_export_merge_with_transformers(runs, tiny_model_dir: Path, tmp_path: Path) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run = runs("ddp")
+    final = run / "final"
+    assert (final / "adapter_config.json").is_file() and (final / "adapter_model.safetensors").is_file()
+    assert not (final / "model.safetensors").exists()
+    ids = torch.tensor([[2, 5, 9, 11, 3, 7, 21, 4]])
+    base_logits = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()(input_ids=ids).logits
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), final).eval()
+    tuned_logits = tuned(input_ids=ids).logits
+    assert (tuned_logits - base_logits).abs().max() > 1e-4  # the adapters changed the model
+
+    last = run / "checkpoints" / f"step-{STEPS:06d}"
+    merged_dir, adapter_dir = tmp_path / "merged", tmp_path / "adapter"
+    proc = run_cli("checkpoint", "export", str(last), "--to", "hf", "--merge", str(merged_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    torch.testing.assert_close(merged(input_ids=ids).logits, tuned_logits, atol=1e-5, rtol=1e-5)
+
+    proc = run_cli("checkpoint", "export", str(last), "--to", "hf", str(adapter_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "PeftModel.from_pretrained" in proc.stdout
+    exported = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter_dir).eval()
+    torch.testing.assert_close(exported(input_ids=ids).logits, tuned_logits)
+
+    proc = run_cli("checkpoint", "export", str(last), "--to", "hf", "--merge", str(merged_dir))  # OUT exists: refused, nothing touched
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize(("name", "row"), [("ddp", "ddp"), ("fsdp2", "fsdp2"), ("zero3", "zero3")])
+def test_plan_agrees_with_the_measured_adapters_and_frozen_base(runs, name: str, row: str, tiny_model_dir: Path) -> None:
+    proc = run_cli("plan", "--json", "--model", str(tiny_model_dir), "--num-processes", "2", "--mixed-precision", "no", *LORA)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    planned = {r["label"]: r for r in json.loads(proc.stdout)["rows"]}[row]
+    for rank in json.loads((runs(name) / "run.json").read_text())["per_rank"]:
+        measured = rank["model_state_bytes"]
+        assert planned["model_state"] == pytest.approx(measured["params"] + measured["grads"] + measured["optimizer"], rel=0.10), (name, measured)
+        assert planned["frozen"] == pytest.approx(rank["frozen_param_bytes"], rel=0.10), (name, rank)
