@@ -70,6 +70,20 @@ def tiny_bf16_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir
 
 
 @pytest.fixture(scope="session")
+def no_dropout_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model without dropout: runs on different world sizes draw no random numbers
+    that could differ, so a resume under another world size continues the same losses."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("tiny-model-no-dropout") / "model"
+    shutil.copytree(tiny_model_dir, path)
+    config = json.loads((path / "config.json").read_text())
+    config["attention_dropout"] = 0.0
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """jsonl train and eval files of word salad over the tiny tokenizer's vocabulary."""
     import random

@@ -6,7 +6,6 @@ different world sizes draw no random numbers that could differ)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -23,16 +22,6 @@ SETTINGS = {
     "ddp-2": ("--strategy", "ddp"),
     "ddp-1": ("--strategy", "ddp", "--num-processes", "1", "--micro-batch-size", "8"),
 }
-
-
-@pytest.fixture(scope="module")
-def no_dropout_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-model-no-dropout") / "model"
-    shutil.copytree(tiny_model_dir, path)
-    config = json.loads((path / "config.json").read_text())
-    config["attention_dropout"] = 0.0
-    (path / "config.json").write_text(json.dumps(config))
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -119,6 +119,8 @@ def test_accelerate_fsdp1_sharding_strategy_written_as_reshard_after_forward() -
         ({"version": 2, "reshard_after_forward": False}, Machine("cpu", 4), 4),  # sharded at rest, gathered in between
         ({"version": 1, "sharding_strategy": "no_shard"}, Machine("cpu", 4), 1),
         ({"version": 1, "sharding_strategy": "hybrid_shard"}, Machine("cuda", 16, num_machines=2), 8),
+        ({"dp_replicate": 2}, Machine("cpu", 4), 2),  # HSDP: each replica shards over dp_shard
+        ({"dp_shard": 4}, Machine("cuda", 16, num_machines=2), 4),
     ],
 )
 def test_parameter_shards_follow_the_sharding_strategy(options: dict, machine: Machine, shards: int) -> None:
@@ -133,5 +135,5 @@ def test_the_reported_version_is_the_wrapped_modules_not_the_option() -> None:
     class Prepared:
         _models = [torch.nn.Sequential(torch.nn.Linear(2, 2))]
 
-    assert resolve_strategy("fsdp", {"version": 2}).summary(Prepared()) == {"fsdp_version": None}
-    assert resolve_strategy("fsdp1").summary(Prepared()) == {"fsdp_version": None}
+    assert resolve_strategy("fsdp", {"version": 2}).summary(Prepared()) == {"fsdp_version": None, "mesh": None}
+    assert resolve_strategy("fsdp1").summary(Prepared()) == {"fsdp_version": None, "mesh": None}

@@ -68,6 +68,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_fault_env()
     check_model_path(cfg.model)
     check_attn_implementation(cfg.model, current_machine().device_type)
+    _check_strategy_fits(job)
     check_data_files(cfg.data)
     data_kind(cfg.data).check_tokenizer(check_model_builds(cfg), cfg.data)
     if cfg.launch.machine_rank == 0:  # the run's files belong to machine 0
@@ -101,6 +102,19 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
             from acc_train.report import format_summary, read_run
 
             click.echo(format_summary(read_run(cfg.output_dir)))
+
+
+def _check_strategy_fits(job: Any) -> None:
+    """The strategy's own checks against the machines the launch section describes (mesh sizes
+    against the world size, options that need an accelerator), before any worker starts: each
+    worker makes them again."""
+    from acc_train.launcher import default_num_processes
+    from acc_train.machine import current_machine
+    from acc_train.strategy import Machine
+
+    launch = job.config.launch
+    nproc = launch.num_processes or default_num_processes()
+    job.strategy.check_environment(Machine(current_machine().device_type, nproc * launch.num_machines, launch.num_machines))
 
 
 def _prepare_data(cfg: Any) -> Any:

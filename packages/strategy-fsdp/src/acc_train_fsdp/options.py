@@ -37,7 +37,11 @@ V1_ONLY = {
 }
 #: mixed-precision fields FSDP2's MixedPrecisionPolicy does not have
 V1_ONLY_PRECISION = {"buffer_dtype"}
-V2_ONLY = {"reshard_after_forward": "reshard_after_forward (use sharding_strategy under FSDP1)"}
+V2_ONLY = {
+    "reshard_after_forward": "reshard_after_forward (use sharding_strategy under FSDP1)",
+    "dp_replicate": "dp_replicate (use sharding_strategy: hybrid_shard under FSDP1)",
+    "dp_shard": "dp_shard",
+}
 
 
 class FSDPOptions(StrategyOptions):
@@ -72,6 +76,12 @@ class FSDPOptions(StrategyOptions):
     #: FSDP1: keep the original parameters visible (needed by some optimizers and by freezing).
     use_orig_params: bool | None = None
     mixed_precision_policy: MixedPrecisionPolicy | None = None
+    #: FSDP2 mesh (Accelerate's ``ParallelismConfig``): replicas of the model, each sharded over
+    #: ``dp_shard`` processes (HSDP when both are above 1; torchtitan's and Accelerate's names).
+    #: Their product is the world size; set one and the other is the world size divided by it.
+    #: Unset: every process shards the model (plain FSDP).
+    dp_replicate: int | None = Field(None, ge=1)
+    dp_shard: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _version_specific(self) -> FSDPOptions:

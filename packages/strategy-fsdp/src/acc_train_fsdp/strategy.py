@@ -56,12 +56,50 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 where="strategy.cpu_offload",
                 hint="drop cpu_offload (or the fsdp-offload preset) on a CPU-only run",
             )
+        self.mesh_sizes(machine.world_size)  # refuses sizes that do not fit the world
         if options.sharding_strategy in ("hybrid_shard", "hybrid_shard_zero2") and machine.num_machines < 2:
             raise UserError(
                 f"{options.sharding_strategy} shards within a machine and replicates across machines; this run has one machine",
                 where="strategy.sharding_strategy",
                 hint="use full_shard on one machine",
             )
+
+    def mesh_sizes(self, world_size: int) -> dict[str, int] | None:
+        """``{"dp_replicate": R, "dp_shard": S}`` for a run of ``world_size`` processes when the
+        options ask for a mesh (an unset size is the world size divided by the other); None for
+        plain FSDP. Sizes whose product is not the world size are a UserError naming the option."""
+        options = self.options
+        replicate, shard = options.dp_replicate, options.dp_shard
+        if replicate is None and shard is None:
+            return None
+        if replicate is None or shard is None:
+            given, size = ("dp_replicate", replicate) if shard is None else ("dp_shard", shard)
+            if world_size % size:  # type: ignore[operator]
+                raise UserError(
+                    f"{given}: {size} does not divide the world size ({world_size} processes)",
+                    where=f"strategy.{given}",
+                    hint=f"choose a divisor of {world_size}, or change --num-processes / --num-machines",
+                )
+            other = world_size // size  # type: ignore[operator]
+            replicate, shard = (size, other) if shard is None else (other, size)
+        if replicate * shard != world_size:
+            raise UserError(
+                f"dp_replicate x dp_shard = {replicate} x {shard} = {replicate * shard}, and the run has {world_size} processes",
+                where="strategy.dp_replicate",
+                hint=f"make the product {world_size} (processes per machine x machines), or set only one of them",
+            )
+        return {"dp_replicate": replicate, "dp_shard": shard}
+
+    def _parallelism_config(self) -> Any:
+        """Accelerate's ``ParallelismConfig`` for the mesh options (None without them)."""
+        from acc_train.api import current_machine
+
+        sizes = self.mesh_sizes(current_machine().world_size)
+        if sizes is None:
+            return None
+        from accelerate.parallelism_config import ParallelismConfig
+
+        return ParallelismConfig(dp_replicate_size=sizes["dp_replicate"], dp_shard_size=sizes["dp_shard"])
 
     def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         import torch
@@ -108,7 +146,11 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 mp.pop("buffer_dtype")
             # Accelerate's dict form needs every field: unset ones stay fp32
             kwargs["mixed_precision_policy"] = {k: getattr(torch, DTYPES[v or "fp32"]) for k, v in mp.items()}
-        return {"fsdp_plugin": FullyShardedDataParallelPlugin(**kwargs)}
+        out: dict[str, Any] = {"fsdp_plugin": FullyShardedDataParallelPlugin(**kwargs)}
+        mesh = self._parallelism_config()
+        if mesh is not None and not on_cpu:  # on CPU: after_accelerator, once the run is FSDP (Accelerate refuses MULTI_CPU)
+            out["parallelism_config"] = mesh
+        return out
 
     @staticmethod
     def _sync_module_states(options: FSDPOptions) -> bool:
@@ -132,7 +174,13 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         plugin = accelerator.acc_kwargs["fsdp_plugin"]
         if accelerator.mixed_precision != "no":
             plugin.set_mixed_precision(accelerator.mixed_precision)
-        run_sharded_on_cpu(accelerator, "FSDP", fsdp_plugin=plugin)
+        mesh = self._parallelism_config()
+        if mesh is None:
+            run_sharded_on_cpu(accelerator, "FSDP", fsdp_plugin=plugin)
+            return
+        # the mesh as Accelerate builds it on GPUs (gloo here), checked by its own validation
+        run_sharded_on_cpu(accelerator, "FSDP", fsdp_plugin=plugin, parallelism_config=mesh, device_mesh=mesh.get_device_mesh("cpu"))
+        mesh._validate_accelerator(accelerator)
 
     def expected_distributed_types(self, machine: Machine) -> set[str]:
         return {"FSDP"}
@@ -224,10 +272,35 @@ class FSDPStrategy(Strategy[FSDPOptions]):
 
         modules = [m for model in getattr(accelerator, "_models", []) for m in model.modules()]  # Accelerate keeps no public list
         version = 1 if any(isinstance(m, FullyShardedDataParallel) for m in modules) else 2 if any(isinstance(m, FSDPModule) for m in modules) else None
-        return {"fsdp_version": version}
+        return {"fsdp_version": version, "mesh": self._mesh_summary(accelerator)}
+
+    @staticmethod
+    def _mesh_summary(accelerator: Any) -> dict[str, Any] | None:
+        """The device mesh the model was sharded over: its dimensions, and each rank's
+        coordinates in it (rank -> {dimension: index}), from the live mesh."""
+        mesh = getattr(accelerator, "torch_device_mesh", None)
+        if mesh is None or not mesh.mesh_dim_names:
+            return None
+        names = [n for n in mesh.mesh_dim_names]
+        grid = mesh.mesh.tolist()
+        coordinates: dict[str, dict[str, int]] = {}
+
+        def walk(node: Any, index: list[int]) -> None:
+            if isinstance(node, list):
+                for i, child in enumerate(node):
+                    walk(child, [*index, i])
+            else:
+                coordinates[str(node)] = dict(zip(names, index))
+
+        walk(grid, [])
+        return {"shape": dict(zip(names, mesh.mesh.shape)), "coordinates": coordinates}
 
     def parameter_shards(self, machine: Machine) -> int:
-        """The world size; the processes per machine under hybrid sharding; 1 under no_shard."""
+        """The world size; the processes per machine under hybrid sharding; ``dp_shard`` on a
+        mesh; 1 under no_shard."""
+        mesh = self.mesh_sizes(machine.world_size)
+        if mesh is not None:
+            return mesh["dp_shard"]
         how = self._sharding()
         if how == "no_shard":
             return 1
@@ -261,8 +334,13 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         if how.startswith("hybrid_shard"):  # sharded within a machine, replicated across machines
             n = plan.local_world_size or n
             how = "shard_grad_op" if how == "hybrid_shard_zero2" else "full_shard"
+        mesh = self.mesh_sizes(n) if (options.dp_replicate or options.dp_shard) else None
+        if mesh is not None:  # HSDP: each replica shards over dp_shard processes
+            n = mesh["dp_shard"]
         offload = {"params": "cpu", "grads": "cpu", "optimizer": "cpu"} if options.cpu_offload else {}
-        notes = ["N = processes per machine (hybrid sharding)"] if n != plan.world_size else []
+        notes = ["N = processes per machine (hybrid sharding)"] if n != plan.world_size and mesh is None else []
+        if mesh is not None:
+            notes.append(f"mesh dp_replicate={mesh['dp_replicate']} x dp_shard={mesh['dp_shard']}: N = dp_shard")
         gathered = 2 if plan.low_precision or plan.low_precision_weights else 4
         if how == "shard_grad_op":
             params = b * psi // n + gathered * psi

@@ -1,0 +1,83 @@
+"""FSDP2 over a 2-D mesh (Accelerate's ParallelismConfig): HSDP, dp_replicate x dp_shard = 2 x 2 on
+4 CPU processes over gloo (the tiny model without dropout, so world sizes compare), trains to DDP's losses, records its mesh in run.json, and its
+checkpoints resume under DDP and plain FSDP on 2 processes, and DDP's under HSDP."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_metrics, run_cli, stopped_copy, tiny_job_args
+
+STEPS = 6
+#: the global batch is 8 sequences in every setting, so any of them continues another's data order
+SETTINGS = {
+    "ddp-4": ("--strategy", "ddp", "--num-processes", "4", "--micro-batch-size", "2"),
+    "hsdp-2x2": ("--strategy", "fsdp", "--num-processes", "4", "--micro-batch-size", "2", "--set", "strategy.dp_replicate=2"),
+    "ddp-2": ("--strategy", "ddp", "--num-processes", "2", "--micro-batch-size", "4"),
+    "fsdp-2": ("--strategy", "fsdp", "--num-processes", "2", "--micro-batch-size", "4"),
+}
+
+
+def _args(model: Path, data: dict[str, Path], out: Path, setting: str, *extra: str) -> list[str]:
+    steps = ("--max-steps", str(STEPS), "--set", "checkpoint.every=3", "--set", "checkpoint.keep_last=null")
+    return [*tiny_job_args(model, data, out, *steps, *extra), *SETTINGS[setting]]
+
+
+def test_mesh_sizes_must_fit_the_world_before_launch(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_cli("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.dp_replicate=3", "--output-dir", str(out), "--max-steps", "1")
+    assert proc.returncode == 2 and "strategy.dp_replicate" in proc.stderr and "does not divide the world size (4 processes)" in proc.stderr
+    proc = run_cli("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.dp_replicate=2", "--set", "strategy.dp_shard=3", "--output-dir", str(out))
+    assert proc.returncode == 2 and "2 x 3 = 6" in proc.stderr
+    proc = run_cli("--strategy", "fsdp1", "--set", "strategy.dp_replicate=2", "--output-dir", str(out))
+    assert proc.returncode == 2 and "FSDP2 option" in proc.stderr
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def runs(no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    made: dict[str, Path] = {}
+
+    def get(setting: str) -> Path:
+        if setting not in made:
+            out = tmp_path_factory.mktemp(setting) / "run"
+            proc = run_cli(*_args(no_dropout_model, tiny_data, out, setting))
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            made[setting] = out
+        return made[setting]
+
+    return get
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("mesh")
+def test_hsdp_trains_to_ddps_losses_and_records_its_mesh(runs) -> None:
+    ref, got = read_metrics(runs("ddp-4")), read_metrics(runs("hsdp-2x2"))
+    assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
+    for step in ref:
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-5), step
+    summary = json.loads((runs("hsdp-2x2") / "run.json").read_text())
+    assert summary["world_size"] == 4 and summary["fsdp_version"] == 2
+    assert summary["mesh"]["shape"] == {"dp_replicate": 2, "dp_shard": 2}
+    assert summary["mesh"]["coordinates"] == {
+        "0": {"dp_replicate": 0, "dp_shard": 0}, "1": {"dp_replicate": 0, "dp_shard": 1},
+        "2": {"dp_replicate": 1, "dp_shard": 0}, "3": {"dp_replicate": 1, "dp_shard": 1},
+    }  # fmt: skip
+    whole = summary["model_parameters"]
+    for rank in summary["per_rank"]:  # sharded over the 2 ranks of a replica, not over all 4
+        assert rank["param_elements"] == pytest.approx(whole / 2, abs=8)
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("mesh")
+@pytest.mark.parametrize(("writer", "reader"), [("hsdp-2x2", "ddp-2"), ("hsdp-2x2", "fsdp-2"), ("ddp-4", "hsdp-2x2")])
+def test_a_mesh_run_resumes_across_mesh_and_strategy(runs, writer: str, reader: str, no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    resumed = stopped_copy(runs(writer), tmp_path / "resumed", saved=3, lost=6)
+    proc = run_cli(*_args(no_dropout_model, tiny_data, resumed, reader, "--resume", "latest"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref, got = read_metrics(runs("ddp-4")), read_metrics(resumed)
+    for step in range(4, STEPS + 1):
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-5), step
