@@ -240,3 +240,16 @@ def test_tensorboard_hides_the_steps_the_resumed_launch_redid(tracked_runs: dict
     losses = {e.step: e.value for e in events.Scalars("loss")}
     assert sorted(losses) == [1, 2, 3, 4] and len(events.Scalars("loss")) == 4
     assert losses == pytest.approx({step: row.loss for step, row in read_metrics(tracked_runs["resumed"]).items()})
+
+
+def test_a_tracker_that_cannot_start_is_a_user_error_naming_report_to(tmp_path: Path) -> None:
+    from acc_train.trackers import start_trackers
+
+    def init_trackers(project: str, init_kwargs: dict[str, Any]) -> None:
+        raise ModuleNotFoundError("No module named 'sqlalchemy'")  # mlflow-skinny's default store, sqlite
+
+    with pytest.raises(UserError) as err:
+        start_trackers(SimpleNamespace(init_trackers=init_trackers), TrackerPlan("p", "r", {}), tmp_path)  # type: ignore[arg-type]
+    assert err.value.where == "training.report_to" and "No module named 'sqlalchemy'" in err.value.message
+    assert "MLFLOW_TRACKING_URI" in (err.value.hint or "")
+    assert list(tmp_path.iterdir()) == [], "no logs/ left: the output dir holds no run, the launch can be repeated"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from acc_train.hookspecs import hookimpl
 from acc_train.metrics import METRICS_FILE, MetricsRow, parse_line
 from acc_train.plugins import register_temporarily
-from acc_train.trackers import plan_trackers, record_runs, started_runs, store_config
+from acc_train.trackers import plan_trackers, record_runs, start_trackers, started_runs, store_config
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -143,7 +143,7 @@ def _start_trackers(run: RunContext) -> None:
     """Start the job's trackers (main process), continuing the tracker runs an earlier launch of
     this run started (:mod:`acc_train.trackers`), and record which runs they log to."""
     plan = plan_trackers(run.config.training.tracker, run.output_dir, run.step)
-    run.accelerator.init_trackers(plan.project, init_kwargs=plan.init_kwargs)
+    start_trackers(run.accelerator, plan, run.output_dir)
     run.trackers = record_runs(run.output_dir, plan, started_runs(run.accelerator, run.output_dir))
     store_config(run.accelerator, _flat(run.job.to_dict()), plan)
 

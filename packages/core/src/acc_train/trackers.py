@@ -19,6 +19,7 @@ time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from acc_train.errors import UserError, closest
 from acc_train.output_paths import replace_file
 
 if TYPE_CHECKING:
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TRACKER_MODULES", "TrackerConfig", "TRACKERS_FILE", "DEFAULT_PROJECT", "OWNED_KEYS", "TrackerPlan", "default_run_name", "new_wandb_id",
-    "plan_trackers", "started_runs", "record_runs", "store_config", "owned_key_error",
+    "plan_trackers", "start_trackers", "started_runs", "record_runs", "store_config", "owned_key_error",
 ]  # fmt: skip
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
@@ -96,12 +98,9 @@ class TrackerConfig(BaseModel):
     @field_validator("init_kwargs")
     @classmethod
     def _known_trackers(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        import difflib
-
         for name, kwargs in value.items():
             if name not in TRACKER_MODULES:
-                close = difflib.get_close_matches(name, TRACKER_MODULES, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
+                hint = f"did you mean {close!r}? " if (close := closest(name, TRACKER_MODULES)) else ""
                 raise ValueError(f"unknown tracker {name!r} ({hint}known: {', '.join(sorted(TRACKER_MODULES))})")
             for key in kwargs:
                 if (why := owned_key_error(name, key)) is not None:
@@ -173,7 +172,6 @@ def plan_trackers(tracker_cfg: Any, output_dir: Path, resumed_step: int) -> Trac
     wandb["name"] = run_name
     if "dir" not in wandb and not os.environ.get("WANDB_DIR"):  # the run's local files live with the run
         wandb["dir"] = str(output_dir / TRACKERS_FILE.parent)
-        (output_dir / TRACKERS_FILE.parent).mkdir(parents=True, exist_ok=True)
     mlflow = kwargs.setdefault("mlflow", {})
     mlflow["run_name"] = run_name
     if previous.get("mlflow", {}).get("run_id"):
@@ -181,6 +179,27 @@ def plan_trackers(tracker_cfg: Any, output_dir: Path, resumed_step: int) -> Trac
     if "tensorboard" in previous:  # the steps this launch redoes are hidden from the earlier events
         kwargs.setdefault("tensorboard", {}).setdefault("purge_step", resumed_step + 1)
     return TrackerPlan(project, run_name, kwargs, previous)
+
+
+def start_trackers(accelerator: Accelerator, plan: TrackerPlan, output_dir: Path) -> None:
+    """Accelerate's ``init_trackers`` with the plan (main process). A tracker that cannot start
+    (a missing store or key, an argument its library refuses) is the user's setting to fix, and
+    leaves no ``logs/`` behind when nothing was written there (the run can be launched again)."""
+    logs = output_dir / TRACKERS_FILE.parent
+    made = not logs.exists()
+    logs.mkdir(parents=True, exist_ok=True)  # W&B writes its run's files there unless told otherwise
+    try:
+        accelerator.init_trackers(plan.project, init_kwargs=plan.init_kwargs)
+    except Exception as exc:
+        if made:
+            with contextlib.suppress(OSError):
+                logs.rmdir()  # only when empty
+        raise UserError(
+            f"a tracker could not start: {type(exc).__name__}: {exc}",
+            where="training.report_to",
+            hint="fix its setting (training.tracker.init_kwargs, or its environment: WANDB_MODE, WANDB_API_KEY, "
+            "MLFLOW_TRACKING_URI, ...), or leave it out of training.report_to",
+        ) from exc
 
 
 def started_runs(accelerator: Accelerator, output_dir: Path) -> dict[str, dict[str, Any]]:
