@@ -197,6 +197,7 @@ def test_run_json_names_the_tracker_runs_and_the_resumed_launch_continues_them(t
     assert first["runs"]["tensorboard"] == {"logging_dir": "logs/trk-proj"}
     assert json.loads((tracked_runs["resumed"] / TRACKERS_FILE).read_text())["runs"] == first["runs"]
     assert sorted(read_metrics(tracked_runs["resumed"])) == [1, 2, 3, 4]
+    assert "warning: MLflow keeps" not in tracked_runs["stderr"], "only --resume changed: no params to report"
 
 
 @pytest.mark.launch
@@ -253,3 +254,6 @@ def test_a_tracker_that_cannot_start_is_a_user_error_naming_report_to(tmp_path: 
     assert err.value.where == "training.report_to" and "No module named 'sqlalchemy'" in err.value.message
     assert "MLFLOW_TRACKING_URI" in (err.value.hint or "")
     assert list(tmp_path.iterdir()) == [], "no logs/ left: the output dir holds no run, the launch can be repeated"
+    with pytest.raises(UserError) as err:  # a recorded run its store no longer has
+        start_trackers(SimpleNamespace(init_trackers=init_trackers), TrackerPlan("p", "r", {}, {"mlflow": {"run_id": "x"}}), tmp_path)  # type: ignore[arg-type]
+    assert "delete logs/trackers.json" in (err.value.hint or "")

@@ -194,11 +194,12 @@ def start_trackers(accelerator: Accelerator, plan: TrackerPlan, output_dir: Path
         if made:
             with contextlib.suppress(OSError):
                 logs.rmdir()  # only when empty
+        again = f"; to start new tracker runs instead of continuing {', '.join(sorted(plan.continued))}'s, delete {TRACKERS_FILE}" if plan.continued else ""
         raise UserError(
             f"a tracker could not start: {type(exc).__name__}: {exc}",
             where="training.report_to",
             hint="fix its setting (training.tracker.init_kwargs, or its environment: WANDB_MODE, WANDB_API_KEY, "
-            "MLFLOW_TRACKING_URI, ...), or leave it out of training.report_to",
+            f"MLFLOW_TRACKING_URI, ...), or leave it out of training.report_to{again}",
         ) from exc
 
 
