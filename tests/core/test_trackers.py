@@ -187,6 +187,7 @@ def tracked_runs(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
 
 
 @pytest.mark.launch
+@pytest.mark.xdist_group("trackers")  # one worker shares the module's two launches
 def test_run_json_names_the_tracker_runs_and_the_resumed_launch_continues_them(tracked_runs: dict[str, Any]) -> None:
     first = json.loads((tracked_runs["first"] / "run.json").read_text())["trackers"]
     resumed = json.loads((tracked_runs["resumed"] / "run.json").read_text())["trackers"]
@@ -197,10 +198,11 @@ def test_run_json_names_the_tracker_runs_and_the_resumed_launch_continues_them(t
     assert first["runs"]["tensorboard"] == {"logging_dir": "logs/trk-proj"}
     assert json.loads((tracked_runs["resumed"] / TRACKERS_FILE).read_text())["runs"] == first["runs"]
     assert sorted(read_metrics(tracked_runs["resumed"])) == [1, 2, 3, 4]
-    assert "warning: MLflow keeps" not in tracked_runs["stderr"], "only --resume changed: no params to report"
+    assert "warning: MLflow keeps" not in tracked_runs["stderr"], "only --resume (and the copy's output dir) changed: no params to report"
 
 
 @pytest.mark.launch
+@pytest.mark.xdist_group("trackers")  # one worker shares the module's two launches
 def test_wandb_offline_logs_both_launches_under_one_run_id_with_the_names_given(tracked_runs: dict[str, Any]) -> None:
     wandb_id = json.loads((tracked_runs["first"] / "run.json").read_text())["trackers"]["runs"]["wandb"]["id"]
     # the first launch's offline run was copied with the output dir; the resumed launch added its own
@@ -214,6 +216,7 @@ def test_wandb_offline_logs_both_launches_under_one_run_id_with_the_names_given(
 
 
 @pytest.mark.launch
+@pytest.mark.xdist_group("trackers")  # one worker shares the module's two launches
 def test_mlflow_continues_the_run_in_its_experiment(tracked_runs: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow import MlflowClient
 
@@ -231,6 +234,7 @@ def test_mlflow_continues_the_run_in_its_experiment(tracked_runs: dict[str, Any]
 
 
 @pytest.mark.launch
+@pytest.mark.xdist_group("trackers")  # one worker shares the module's two launches
 def test_tensorboard_hides_the_steps_the_resumed_launch_redid(tracked_runs: dict[str, Any]) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -238,7 +238,8 @@ def store_config(accelerator: Accelerator, values: dict[str, Any], plan: Tracker
             import mlflow
 
             held = mlflow.MlflowClient().get_run(tracker.active_run.info.run_id).data.params
-            changed = sorted(k for k, v in values.items() if k in held and held[k] != str(v) and k != "resume")
+            # (keys of the launch, not of the training: the run continues whatever they say)
+            changed = sorted(k for k, v in values.items() if k in held and held[k] != str(v) and k not in ("output_dir", "resume", "overwrite"))
             if changed:
                 _warn(f"MLflow keeps the params the run started with; changed since: {', '.join(changed)}")
             tracker.store_init_configuration({k: v for k, v in values.items() if k not in held})
