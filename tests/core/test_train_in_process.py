@@ -149,7 +149,7 @@ def test_a_worker_imports_no_library_its_job_does_not_use(tmp_path: Path) -> Non
         "from acc_train.trainer import train\n"
         "summarize, seen = finish.summarize, []\n"
         "def spy(*args, **kwargs):\n"
-        "    seen.extend(m for m in ('deepspeed', 'datasets', 'matplotlib') if m in sys.modules)\n"
+        "    seen.extend(m for m in ('deepspeed', 'datasets', 'matplotlib', 'wandb', 'mlflow') if m in sys.modules)\n"
         "    return summarize(*args, **kwargs)\n"
         "finish.summarize = spy\n"
         "train(load_resolved(sys.argv[1]))\n"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from acc_train.hookspecs import hookimpl
 from acc_train.metrics import METRICS_FILE, MetricsRow, parse_line
 from acc_train.plugins import register_temporarily
+from acc_train.trackers import plan_trackers, record_runs, start_trackers, started_runs, store_config
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -43,6 +44,9 @@ class RunContext:
     model_state_meter: ModelStateMeter | None = None
     #: per-run state of plugins, by a key of their own; core keeps nothing here
     extras: dict[str, Any] = field(default_factory=dict)
+    #: the tracker runs this launch logs to (project, run name, ids: run.json's ``trackers``),
+    #: on the main process once they started; None without trackers
+    trackers: dict[str, Any] | None = None
 
     @property
     def config(self) -> Any:
@@ -125,14 +129,23 @@ def reporting(run: RunContext) -> Iterator[RunReporter]:
     unregister = register_temporarily(reporter, f"reporter-{id(reporter)}")
     trackers = bool(run.config.training.report_to)
     try:
-        if trackers:
-            run.accelerator.init_trackers("acc-train", config=_flat(run.job.to_dict()))
+        if trackers and run.is_main_process:
+            _start_trackers(run)
         yield reporter
         if trackers:
             run.accelerator.end_training()
     finally:
         reporter.close()
         unregister()
+
+
+def _start_trackers(run: RunContext) -> None:
+    """Start the job's trackers (main process), continuing the tracker runs an earlier launch of
+    this run started (:mod:`acc_train.trackers`), and record which runs they log to."""
+    plan = plan_trackers(run.config.training.tracker, run.output_dir, run.step)
+    start_trackers(run.accelerator, plan, run.output_dir)
+    run.trackers = record_runs(run.output_dir, plan, started_runs(run.accelerator, run.output_dir))
+    store_config(run.accelerator, _flat(run.job.to_dict()), plan)
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

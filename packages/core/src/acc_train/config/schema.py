@@ -12,9 +12,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from acc_train.strategy import DEFAULT_STRATEGY
+from acc_train.trackers import TRACKER_MODULES, TrackerConfig
 
 __all__ = [
-    "JobConfig", "ModelConfig", "DataConfig", "OptimizerConfig", "SchedulerConfig", "TrainingConfig",
+    "JobConfig", "ModelConfig", "DataConfig", "OptimizerConfig", "SchedulerConfig", "TrainingConfig", "TrackerConfig",
     "CheckpointConfig", "LaunchConfig", "LoraConfig", "DEFAULT_MAX_STEPS", "TRACKER_MODULES", "SCHEDULERS", "MAX_INT64",
     "MAX_SEED", "MAX_PROCESSES_PER_MACHINE", "MAX_SEQ_LEN", "MODEL_DTYPES", "FINE_TUNE_DEFAULTS", "DEMO_EVAL_FRACTION",
 ]  # fmt: skip
@@ -39,19 +40,6 @@ PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Beta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
-
-#: Accelerate trackers and the modules that must import for each.
-TRACKER_MODULES: dict[str, tuple[str, ...]] = {
-    "tensorboard": ("tensorboard", "tensorboardX"),
-    "wandb": ("wandb",),
-    "mlflow": ("mlflow",),
-    "comet_ml": ("comet_ml",),
-    "aim": ("aim",),
-    "clearml": ("clearml",),
-    "dvclive": ("dvclive",),
-    "swanlab": ("swanlab",),
-    "trackio": ("trackio",),
-}
 
 #: ``model.dtype`` values; the low-precision ones train without an fp32 master copy.
 MODEL_DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -202,6 +190,8 @@ class TrainingConfig(Section):
     eval_batches: Count = 8
     #: Accelerate trackers: tensorboard, wandb, ... (``all`` for every installed one).
     report_to: list[str] = Field(default_factory=list)
+    #: The tracker run: project, run name, each tracker's init arguments.
+    tracker: TrackerConfig = Field(default_factory=TrackerConfig)
     progress_bar: bool = True
     #: Recompute each layer's activations in backward instead of storing them (transformers'
     #: gradient checkpointing, non-reentrant), under every strategy: less memory, more compute.
@@ -224,6 +214,16 @@ class TrainingConfig(Section):
             if module and not any(importlib.util.find_spec(m) for m in module):
                 raise ValueError(f"tracker {name!r} is not installed (pip install {module[0]})")
         return value
+
+    @model_validator(mode="after")
+    def _kwargs_for_used_trackers(self) -> TrainingConfig:
+        unused = sorted(set(self.tracker.init_kwargs) - set(self.report_to)) if "all" not in self.report_to else []
+        if unused:
+            raise ValueError(
+                f"training.tracker.init_kwargs names {', '.join(unused)}, which training.report_to does not list"
+                f" ({', '.join(self.report_to) or 'empty'}): add it there, or drop its init_kwargs"
+            )
+        return self
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingConfig:

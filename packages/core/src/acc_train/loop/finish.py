@@ -127,6 +127,7 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
             "final_wait_s": round(result.checkpoint_final_wait_s, 4),
         },
         "model_parameters": model_elements,
+        "trackers": run.trackers,
         "per_rank": per_rank,
         "checkpoints": result.saved,
         "resumed_from": resumed_from,

@@ -1,0 +1,247 @@
+"""Which tracker run a job logs to, and the run identities that let a later launch continue it.
+
+``training.tracker`` names the project and the run; ``init_kwargs`` adds each tracker's own
+arguments. The identities a tracker gives its run (W&B's run id, chosen here; MLflow's run id,
+given by its store) are kept in ``logs/trackers.json`` in the output directory, so a launch that
+resumes or restarts the run there hands them back and logs to the same tracker run:
+
+- **wandb**: ``id`` (generated once) with ``resume="allow"``: the same run online. Offline,
+  W&B ignores ``resume``: each launch writes its own ``offline-run-*-ID`` folder with the same id.
+- **mlflow**: ``run_id``: the same run, metrics appended. Its params cannot change, so a resumed
+  launch logs only the keys the run lacks.
+- **tensorboard**: the same folder (``logs/PROJECT``); a resumed launch sets ``purge_step`` so
+  TensorBoard hides the steps it redoes.
+
+The file lives in ``logs/``, one of the run's files: ``--overwrite`` moves it aside with the run
+it replaces, so a new run gets new identities. Nothing here imports a tracker library at import
+time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import string
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from acc_train.errors import UserError, closest
+from acc_train.output_paths import replace_file
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+__all__ = [
+    "TRACKER_MODULES", "TrackerConfig", "TRACKERS_FILE", "DEFAULT_PROJECT", "OWNED_KEYS", "TrackerPlan", "default_run_name", "new_wandb_id",
+    "plan_trackers", "start_trackers", "started_runs", "record_runs", "store_config", "owned_key_error",
+]  # fmt: skip
+
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+
+#: Where a run keeps its trackers' identities, relative to the output directory.
+TRACKERS_FILE = Path("logs") / "trackers.json"
+#: ``training.tracker.project`` unset: one project for every run, as W&B and MLflow group them.
+DEFAULT_PROJECT = "acc-train"
+
+#: init_kwargs that Accelerate or acc-train already pass to a tracker, and the setting that
+#: says them instead (a second value would be a duplicate argument, or silently lose).
+OWNED_KEYS: dict[str, dict[str, str]] = {
+    "*": {"run_name": "training.tracker.project", "logging_dir": "output_dir (its logs/ folder)"},
+    "wandb": {"project": "training.tracker.project", "name": "training.tracker.run_name"},
+    "mlflow": {"experiment_name": "training.tracker.project", "run_name": "training.tracker.run_name"},
+    "trackio": {"project": "training.tracker.project"},
+    "swanlab": {"project": "training.tracker.project"},
+}
+
+
+#: Accelerate trackers and the modules that must import for each.
+TRACKER_MODULES: dict[str, tuple[str, ...]] = {
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow",),
+    "comet_ml": ("comet_ml",),
+    "aim": ("aim",),
+    "clearml": ("clearml",),
+    "dvclive": ("dvclive",),
+    "swanlab": ("swanlab",),
+    "trackio": ("trackio",),
+}
+
+
+class TrackerConfig(BaseModel):
+    """``training.tracker``: the tracker run a job logs to (a config section, strict like the others)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+    #: The name trackers group runs under: W&B project, MLflow experiment, TensorBoard's folder
+    #: under ``logs/``. One name for every run by default, so runs can be compared.
+    project: NonEmptyStr = DEFAULT_PROJECT
+    #: The run's name in W&B and MLflow. Null: the output directory's name.
+    run_name: NonEmptyStr | None = None
+    #: Each tracker's own arguments, by tracker name (``{wandb: {tags: [a]}}``), handed to
+    #: Accelerate's ``init_trackers(init_kwargs=...)``.
+    init_kwargs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("project")
+    @classmethod
+    def _one_folder(cls, value: str) -> str:
+        if value in (".", "..") or any(c in value for c in "/\\"):
+            raise ValueError(f"{value!r} is not a project name (TensorBoard makes it a folder under logs/): no '/', '\\', '.' or '..'")
+        return value
+
+    @field_validator("init_kwargs")
+    @classmethod
+    def _known_trackers(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, kwargs in value.items():
+            if name not in TRACKER_MODULES:
+                hint = f"did you mean {close!r}? " if (close := closest(name, TRACKER_MODULES)) else ""
+                raise ValueError(f"unknown tracker {name!r} ({hint}known: {', '.join(sorted(TRACKER_MODULES))})")
+            for key in kwargs:
+                if (why := owned_key_error(name, key)) is not None:
+                    raise ValueError(why)
+        return value
+
+
+def owned_key_error(tracker: str, key: str) -> str | None:
+    """Why ``init_kwargs[tracker][key]`` is refused, or None when it is the user's to give."""
+    setting = OWNED_KEYS.get(tracker, {}).get(key) or OWNED_KEYS["*"].get(key)
+    if setting is None or (tracker == "mlflow" and key == "logging_dir"):  # MLflow's artifact location
+        return None
+    return f"{tracker}.{key} is passed by acc-train from {setting}; set that instead"
+
+
+def default_run_name(output_dir: str | Path) -> str:
+    """``training.tracker.run_name`` unset: the output directory's name (``runs/demo`` -> ``demo``)."""
+    return Path(output_dir).resolve().name or DEFAULT_PROJECT
+
+
+def new_wandb_id() -> str:
+    """A W&B run id as W&B makes them: 8 characters of lowercase letters and digits."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(8))
+
+
+@dataclass
+class TrackerPlan:
+    """What a launch hands Accelerate's ``init_trackers``, and whether it continues earlier runs."""
+
+    project: str
+    run_name: str
+    init_kwargs: dict[str, dict[str, Any]]
+    #: the identities a previous launch of this run recorded (by tracker), reused here
+    continued: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:  # a damaged file: start new tracker runs rather than fail the run
+        _warn(f"{path} is unreadable ({exc}); the trackers start new runs")
+        return {}
+    return data if isinstance(data, dict) and isinstance(data.get("runs"), dict) else {}
+
+
+def _warn(message: str) -> None:
+    sys.stderr.write(f"warning: {message}\n")
+
+
+def plan_trackers(tracker_cfg: Any, output_dir: Path, resumed_step: int) -> TrackerPlan:
+    """The project, run name and init_kwargs for this launch of the run in ``output_dir``:
+    the user's ``init_kwargs`` plus the identities of the runs a previous launch started there
+    (when it used the same project). ``resumed_step``: the step this launch continues from."""
+    project = tracker_cfg.project
+    run_name = tracker_cfg.run_name or default_run_name(output_dir)
+    stored = _read(output_dir / TRACKERS_FILE)
+    previous: dict[str, dict[str, Any]] = {}
+    if stored and stored.get("project") != project:
+        _warn(f"training.tracker.project is {project!r}, the earlier launches used {stored.get('project')!r}: the trackers start new runs")
+    elif stored:
+        previous = {k: v for k, v in stored["runs"].items() if isinstance(v, dict)}
+    kwargs = {name: dict(values) for name, values in tracker_cfg.init_kwargs.items()}
+    wandb = kwargs.setdefault("wandb", {})
+    wandb.setdefault("id", previous.get("wandb", {}).get("id") or new_wandb_id())
+    wandb.setdefault("resume", "allow")
+    wandb["name"] = run_name
+    if "dir" not in wandb and not os.environ.get("WANDB_DIR"):  # the run's local files live with the run
+        wandb["dir"] = str(output_dir / TRACKERS_FILE.parent)
+    mlflow = kwargs.setdefault("mlflow", {})
+    mlflow["run_name"] = run_name
+    if previous.get("mlflow", {}).get("run_id"):
+        mlflow.setdefault("run_id", previous["mlflow"]["run_id"])
+    if "tensorboard" in previous:  # the steps this launch redoes are hidden from the earlier events
+        kwargs.setdefault("tensorboard", {}).setdefault("purge_step", resumed_step + 1)
+    return TrackerPlan(project, run_name, kwargs, previous)
+
+
+def start_trackers(accelerator: Accelerator, plan: TrackerPlan, output_dir: Path) -> None:
+    """Accelerate's ``init_trackers`` with the plan (main process). A tracker that cannot start
+    (a missing store or key, an argument its library refuses) is the user's setting to fix, and
+    leaves no ``logs/`` behind when nothing was written there (the run can be launched again)."""
+    logs = output_dir / TRACKERS_FILE.parent
+    made = not logs.exists()
+    logs.mkdir(parents=True, exist_ok=True)  # W&B writes its run's files there unless told otherwise
+    try:
+        accelerator.init_trackers(plan.project, init_kwargs=plan.init_kwargs)
+    except Exception as exc:
+        if made:
+            with contextlib.suppress(OSError):
+                logs.rmdir()  # only when empty
+        again = f"; to start new tracker runs instead of continuing {', '.join(sorted(plan.continued))}'s, delete {TRACKERS_FILE}" if plan.continued else ""
+        raise UserError(
+            f"a tracker could not start: {type(exc).__name__}: {exc}",
+            where="training.report_to",
+            hint="fix its setting (training.tracker.init_kwargs, or its environment: WANDB_MODE, WANDB_API_KEY, "
+            f"MLFLOW_TRACKING_URI, ...), or leave it out of training.report_to{again}",
+        ) from exc
+
+
+def started_runs(accelerator: Accelerator, output_dir: Path) -> dict[str, dict[str, Any]]:
+    """The identity of each tracker run Accelerate started (main process), by tracker name."""
+    runs: dict[str, dict[str, Any]] = {}
+    for tracker in accelerator.trackers:
+        entry: dict[str, Any] = {}
+        if tracker.name == "wandb":
+            entry = {"id": tracker.run.id}
+        elif tracker.name == "mlflow":
+            info = tracker.active_run.info
+            entry = {"run_id": info.run_id, "experiment_id": info.experiment_id}
+        elif tracker.name == "tensorboard":
+            entry = {"logging_dir": os.path.relpath(tracker.logging_dir, output_dir)}
+        runs[tracker.name] = entry
+    return runs
+
+
+def record_runs(output_dir: Path, plan: TrackerPlan, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Keep the runs' identities in ``logs/trackers.json`` (replaced atomically); returns
+    ``run.json``'s ``trackers`` entry."""
+    record = {"project": plan.project, "run_name": plan.run_name, "runs": runs}
+    path = output_dir / TRACKERS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_file(path, (json.dumps(record, indent=2) + "\n").encode())
+    return {**record, "continued": sorted(name for name in runs if name in plan.continued)}
+
+
+def store_config(accelerator: Accelerator, values: dict[str, Any], plan: TrackerPlan) -> None:
+    """Log the job's config to every tracker (main process), as ``init_trackers(config=...)``
+    does, except that a continued MLflow run gets only the params it does not hold yet: MLflow
+    refuses to change a logged param (the run's ``config.yaml`` holds this launch's values)."""
+    for tracker in accelerator.trackers:
+        if tracker.name == "mlflow" and "mlflow" in plan.continued:
+            import mlflow
+
+            held = mlflow.MlflowClient().get_run(tracker.active_run.info.run_id).data.params
+            # (keys of the launch, not of the training: the run continues whatever they say)
+            changed = sorted(k for k, v in values.items() if k in held and held[k] != str(v) and k not in ("output_dir", "resume", "overwrite"))
+            if changed:
+                _warn(f"MLflow keeps the params the run started with; changed since: {', '.join(changed)}")
+            tracker.store_init_configuration({k: v for k, v in values.items() if k not in held})
+        else:
+            tracker.store_init_configuration(values)
