@@ -54,8 +54,32 @@ def _precision(requested: str) -> str:
     return resolve_mixed_precision(requested, current_machine())
 
 
-def build_plan(job: Any) -> dict[str, Any]:
-    """The plan as data: the model, the inputs and one row per strategy variant."""
+#: ``--mesh`` dimension names -> the fsdp strategy's options
+MESH_DIMENSIONS = {"replicate": "dp_replicate", "shard": "dp_shard"}
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``replicate=2,shard=4`` -> ``{"dp_replicate": 2, "dp_shard": 4}`` (UserError naming --mesh)."""
+    from acc_train.errors import UserError
+
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if name.strip() not in MESH_DIMENSIONS or not sep or not value.strip().isdigit() or int(value) < 1:
+            raise UserError(
+                f"cannot read mesh dimension {part!r}",
+                where="--mesh",
+                hint=f"give NAME=SIZE pairs, NAME one of {', '.join(MESH_DIMENSIONS)} (tensor and context parallelism are not built yet), e.g. replicate=2,shard=4",
+            )
+        out[MESH_DIMENSIONS[name.strip()]] = int(value)
+    if not out:
+        raise UserError("--mesh is empty", where="--mesh", hint="e.g. --mesh replicate=2,shard=4")
+    return out
+
+
+def build_plan(job: Any, mesh: dict[str, int] | None = None) -> dict[str, Any]:
+    """The plan as data: the model, the inputs and one row per strategy variant (and one for
+    the FSDP2 ``mesh``, when given)."""
     from acc_train.launcher import default_num_processes
     from acc_train.memory_plan import ACTIVATION_FORMULA, PlanInput, activation_bytes, model_shape
     from acc_train.config import resolve_strategy
@@ -111,6 +135,10 @@ def build_plan(job: Any) -> dict[str, Any]:
             add(label, variant, is_job)
     if not job_matched:  # the job's own options differ from every preset: plan them too
         add(f"{cfg.strategy['name']} (this job)", job.strategy, True)
+    if mesh is not None:
+        variant = resolve_strategy("fsdp", {"version": 2, **mesh})
+        sizes = variant.mesh_sizes(inp.world_size)  # refuses a mesh that does not fit the world
+        add(f"fsdp2 mesh replicate={sizes['dp_replicate']},shard={sizes['dp_shard']}", variant, False)
     return {
         "model": shape.name,
         "parameters": shape.parameters,
@@ -192,10 +220,11 @@ def _print_table(data: dict[str, Any]) -> None:
 @click.option("--micro-batch-size", type=int, metavar="N", help="Sequences per process per micro-batch (for the activations).")
 @click.option("--mixed-precision", type=click.Choice(["auto", "no", "bf16", "fp16"]), help="auto: bf16 where native here, else fp32.")
 @click.option("--set", "sets", multiple=True, metavar="KEY.PATH=VALUE", help="Set any config key (repeatable), e.g. data.seq_len=2048.")
+@click.option("--mesh", "mesh", metavar="DIMS", help="Also plan FSDP2 over this mesh, e.g. replicate=2,shard=4 (HSDP; product = processes).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes).")
 @click.pass_context
 @user_errors
-def plan(ctx: click.Context, model: str | None, as_json: bool, **params: Any) -> None:
+def plan(ctx: click.Context, model: str | None, as_json: bool, mesh: str | None, **params: Any) -> None:
     """Per-rank memory of the job under every installed strategy and preset, before running it.
 
     Parameters, gradients, optimizer state (each strategy's own accounting, exact for what
@@ -207,12 +236,13 @@ def plan(ctx: click.Context, model: str | None, as_json: bool, **params: Any) ->
     \b
       acc-train plan --num-processes 8 --mixed-precision bf16
       acc-train plan --model ./my-model --set data.seq_len=2048 --micro-batch-size 4
+      acc-train plan --num-processes 8 --num-machines 2 --mesh replicate=2,shard=8
     """
     model_flag = {"model.name_or_path": (model, "--model")} if model is not None else {}
     job = resolve_job(merge_parent_params(ctx, params), model_flag)
     report_plugin_failures()
     _check_model_path(job.config.model.name_or_path)
-    data = build_plan(job)
+    data = build_plan(job, parse_mesh(mesh) if mesh is not None else None)
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
