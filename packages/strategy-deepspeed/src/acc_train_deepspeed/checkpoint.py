@@ -26,6 +26,8 @@ class DeepSpeedCheckpointFormat(CheckpointFormat):
     writes_portable = True
     #: ``load`` resumes from the portable state alone (a converted checkpoint has no ``deepspeed/``)
     convert_target = True
+    #: the gather and scatter below know Adam's state only (see MOMENTS)
+    optimizer_state_keys = ("step", "exp_avg", "exp_avg_sq")
 
     def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
         from acc_train.api import write_portable_state
