@@ -3,16 +3,18 @@ strategy and checkpoint format (checked before launch and in each worker)."""
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
 from acc_train.errors import UserError, closest
 from acc_train.optimizer import OptimizerKind
 
 if TYPE_CHECKING:
+    from acc_train.config.schema import OptimizerConfig
     from acc_train.config.resolve import ResolvedJob
     from acc_train.strategy import Machine
 
-__all__ = ["optimizer_kind", "check_optimizer", "optimizer_summary"]
+__all__ = ["optimizer_kind", "registered_name", "fit_to_optimizer", "check_optimizer", "optimizer_summary"]
 
 
 def optimizer_kind(name: str) -> OptimizerKind:
@@ -34,6 +36,47 @@ def optimizer_kind(name: str) -> OptimizerKind:
             where="optimizer.name",
             hint=(f"did you mean {near!r}? " if near else "") + "a plugin adds optimizers through the acc_train_register_optimizers hook",
         ) from None
+
+
+def registered_name(name: str) -> str:
+    """``optimizer.name``, once it names a registered optimizer (a ValueError for pydantic,
+    which adds the key and its origin)."""
+    try:
+        optimizer_kind(name)
+    except UserError as exc:
+        raise ValueError(f"{exc.message}; {exc.hint}" if exc.hint else exc.message) from None
+    return name
+
+
+def fit_to_optimizer(cfg: OptimizerConfig) -> None:
+    """Give the shared keys the chosen optimizer takes its defaults where unset (leaving them
+    out of ``model_fields_set``, so fine-tuning defaults still apply), refuse those it does not
+    take, and validate ``optimizer.options`` by its schema: ValueErrors naming the key."""
+    from pydantic import ValidationError
+
+    from acc_train.config.problems import problem_lines
+    from acc_train.config.sources import Sources
+    from acc_train.optimizer import COMMON_KEYS
+
+    kind = optimizer_kind(cfg.name)
+    for key in COMMON_KEYS:
+        value = getattr(cfg, key)
+        if key in kind.defaults:
+            if value is None:
+                cfg.__dict__[key] = copy.deepcopy(kind.defaults[key])
+        elif value is not None:
+            takes = ", ".join(["lr", "weight_decay", *kind.defaults, "options"])
+            raise ValueError(f"optimizer.{key} does not apply to optimizer {cfg.name!r} (it takes {takes}); remove it")
+    if cfg.options and not kind.options_schema.model_fields:
+        raise ValueError(f"optimizer {cfg.name!r} takes no optimizer.options (got {', '.join(map(str, cfg.options))}); remove them")
+    try:
+        kind.options_schema.model_validate(cfg.options)
+    except ValidationError as exc:
+        lines = problem_lines(exc, kind.options_schema, Sources(), prefix="optimizer.options.")
+        raise ValueError(f"optimizer {cfg.name!r}: " + "; ".join(lines)) from None
+    problem = kind.problem(cfg)
+    if problem:
+        raise ValueError(problem)
 
 
 def check_optimizer(job: ResolvedJob, machine: Machine) -> OptimizerKind:

@@ -172,43 +172,15 @@ class OptimizerConfig(Section):
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
-        from acc_train.config.optimizer import optimizer_kind
-        from acc_train.errors import UserError
+        from acc_train.config.optimizer import registered_name
 
-        try:
-            optimizer_kind(name)
-        except UserError as exc:
-            raise ValueError(f"{exc.message}; {exc.hint}" if exc.hint else exc.message) from None
-        return name
+        return registered_name(name)
 
     @model_validator(mode="after")
     def _for_the_optimizer(self) -> OptimizerConfig:
-        from pydantic import ValidationError
+        from acc_train.config.optimizer import fit_to_optimizer
 
-        from acc_train.config.optimizer import optimizer_kind
-        from acc_train.config.problems import problem_lines
-        from acc_train.config.sources import Sources
-        from acc_train.optimizer import COMMON_KEYS
-
-        kind = optimizer_kind(self.name)
-        for key in COMMON_KEYS:
-            value = getattr(self, key)
-            if key in kind.defaults:
-                if value is None:  # not in model_fields_set: FINE_TUNE_DEFAULTS may still apply
-                    self.__dict__[key] = copy.deepcopy(kind.defaults[key])
-            elif value is not None:
-                takes = ", ".join(["lr", "weight_decay", *kind.defaults, "options"])
-                raise ValueError(f"optimizer.{key} does not apply to optimizer {self.name!r} (it takes {takes}); remove it")
-        if self.options and not kind.options_schema.model_fields:
-            raise ValueError(f"optimizer {self.name!r} takes no optimizer.options (got {', '.join(map(str, self.options))}); remove them")
-        try:
-            kind.options_schema.model_validate(self.options)
-        except ValidationError as exc:
-            lines = problem_lines(exc, kind.options_schema, Sources(), prefix="optimizer.options.")
-            raise ValueError(f"optimizer {self.name!r}: " + "; ".join(lines)) from None
-        problem = kind.problem(self)
-        if problem:
-            raise ValueError(problem)
+        fit_to_optimizer(self)
         return self
 
 
