@@ -101,3 +101,14 @@ def test_an_optimizer_a_strategy_cannot_run_or_save_is_refused_before_launch(
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert says in proc.stderr and "optimizer.name" in proc.stderr
     assert "Traceback" not in proc.stderr and not (out / "run.json").exists()
+
+
+def test_a_resume_under_another_optimizer_is_refused(runs, no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    """sgd's momentum buffers are not AdamW's moments: resuming them under adamw is an error
+    naming both, not a run that silently starts AdamW afresh."""
+    saved = runs("sgd") / "checkpoints" / "step-000010"
+    out = tmp_path / "resumed"
+    proc = run_cli(*reference_args(no_dropout_model, tiny_data, out, "--strategy", "ddp", "--resume", str(saved)))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "checkpoint was written with optimizer 'sgd', whose state is not 'adamw''s" in proc.stderr
+    assert "optimizer.name: sgd" in proc.stderr and "Traceback" not in proc.stderr

@@ -288,6 +288,7 @@ def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltM
             "model": built.fingerprint,
             "model_class": built.class_name,
             "versions": library_versions(),
+            "optimizer": cfg.optimizer.name,  # its state is another optimizer's to no other
         },
         data_signature=signature,
         seed=t_cfg.seed,
