@@ -54,7 +54,9 @@ def test_each_optimizer_gets_its_own_defaults_and_no_others() -> None:
     sgd = OptimizerConfig(name="sgd")
     assert (sgd.betas, sgd.eps, sgd.momentum, sgd.nesterov) == (None, None, 0.9, False)
     ada = OptimizerConfig(name="adafactor")
-    assert (ada.betas, ada.eps, ada.momentum, ada.options) == (None, None, None, {})
+    assert (ada.betas, ada.eps, ada.momentum) == (None, None, None)
+    assert ada.options == {"clip_threshold": 1.0, "decay_rate": -0.8, "beta1": None, "scale_parameter": False}
+    assert OptimizerConfig(name="adafactor", options={"beta1": 0.9}).options["beta1"] == 0.9
 
 
 def test_fine_tune_defaults_apply_to_the_keys_the_optimizer_takes() -> None:

@@ -51,7 +51,8 @@ def registered_name(name: str) -> str:
 def fit_to_optimizer(cfg: OptimizerConfig) -> None:
     """Give the shared keys the chosen optimizer takes its defaults where unset (leaving them
     out of ``model_fields_set``, so fine-tuning defaults still apply), refuse those it does not
-    take, and validate ``optimizer.options`` by its schema: ValueErrors naming the key."""
+    take, and validate ``optimizer.options`` by its schema, filling in its defaults:
+    ValueErrors naming the key."""
     from pydantic import ValidationError
 
     from acc_train.config.problems import problem_lines
@@ -70,10 +71,11 @@ def fit_to_optimizer(cfg: OptimizerConfig) -> None:
     if cfg.options and not kind.options_schema.model_fields:
         raise ValueError(f"optimizer {cfg.name!r} takes no optimizer.options (got {', '.join(map(str, cfg.options))}); remove them")
     try:
-        kind.options_schema.model_validate(cfg.options)
+        parsed = kind.options_schema.model_validate(cfg.options)
     except ValidationError as exc:
         lines = problem_lines(exc, kind.options_schema, Sources(), prefix="optimizer.options.")
         raise ValueError(f"optimizer {cfg.name!r}: " + "; ".join(lines)) from None
+    cfg.__dict__["options"] = parsed.model_dump(mode="json")  # the resolved config shows every option
     problem = kind.problem(cfg)
     if problem:
         raise ValueError(problem)
