@@ -138,3 +138,16 @@ def test_the_default_config_file_shapes_the_plan_as_it_shapes_a_run(tmp_path: Pa
     assert trained.returncode == 0 and "name: zero3" in trained.stdout, trained.stderr
     flags = json.loads(run_cli("plan", "--json", "--micro-batch-size", "2", "--set", "strategy.name=ddp", env=env).stdout)
     assert flags["micro_batch_size"] == 2 and [r["label"] for r in flags["rows"] if r["job"]] == ["ddp"]  # flags and --set win
+
+
+def test_the_optimizer_state_is_the_jobs_optimizers() -> None:
+    """sgd with momentum holds one fp32 buffer per parameter (4 bytes, not AdamW's 8), without
+    momentum none; adafactor about none (its row and column vectors)."""
+    sgd = plan_json("--num-processes", "4", "--mixed-precision", "no", "--set", "optimizer.name=sgd")
+    assert sgd["optimizer"] == {"name": "sgd", "state_bytes_per_parameter": 4.0}
+    assert sgd["by_label"]["ddp"]["optimizer"] == 4 * DEMO_PSI and sgd["by_label"]["ddp"]["formula"] == "4psi + 4psi + 4psi = 12psi"
+    assert sgd["by_label"]["fsdp2"]["optimizer"] == pytest.approx(4 * DEMO_PSI / 4, rel=1e-5)
+    plain = plan_json("--num-processes", "4", "--mixed-precision", "no", "--set", "optimizer.name=sgd", "--set", "optimizer.momentum=0")
+    assert plain["by_label"]["ddp"]["optimizer"] == 0
+    ada = plan_json("--num-processes", "4", "--mixed-precision", "no", "--set", "optimizer.name=adafactor")
+    assert ada["by_label"]["ddp"]["optimizer"] == 0 and ada["optimizer"]["state_bytes_per_parameter"] == 0

@@ -59,6 +59,9 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
         return
     report_plugin_failures()
     from acc_train.checkpoint.faults import check_fault_env
+    from acc_train.config.optimizer import check_optimizer
+    from acc_train.launcher import default_num_processes
+    from acc_train.strategy import Machine
     from acc_train.data import check_data_files, data_kind
     from acc_train.machine import current_machine
     from acc_train.model import check_attn_implementation, check_model_builds, check_model_path
@@ -71,6 +74,8 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     _check_strategy_fits(job)
     check_data_files(cfg.data)
     data_kind(cfg.data).check_tokenizer(check_model_builds(cfg), cfg.data)
+    world = (cfg.launch.num_processes or default_num_processes()) * cfg.launch.num_machines
+    check_optimizer(job, Machine(current_machine().device_type, world, cfg.launch.num_machines))
     if cfg.launch.machine_rank == 0:  # the run's files belong to machine 0
         check_output_dir(job)
     started = time.time()

@@ -6,6 +6,7 @@ the meta device, never allocated. Only click is imported at module level.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -83,6 +84,7 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None) -> dict[str, Any]:
     from acc_train.launcher import default_num_processes
     from acc_train.memory_plan import ACTIVATION_FORMULA, PlanInput, activation_bytes, model_shape
     from acc_train.config import resolve_strategy
+    from acc_train.config.optimizer import optimizer_kind
     from acc_train.plugins import strategies
 
     cfg = job.config
@@ -91,6 +93,8 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None) -> dict[str, Any]:
     precision = _precision(cfg.training.mixed_precision)
     dtype = "fp32" if cfg.model.dtype == "auto" else cfg.model.dtype  # whatever the checkpoint is stored in
     inp = PlanInput(shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc, dtype=dtype)
+    optimizer_bytes = optimizer_kind(cfg.optimizer.name).state_bytes(cfg.optimizer, inp.param_bytes)  # the job's optimizer
+    inp = dataclasses.replace(inp, optimizer_bytes_per_param=optimizer_bytes)
     # LoRA's frozen base: the parameter bytes the strategy holds for that many elements, nothing more
     frozen_inp = PlanInput(shape.frozen, inp.world_size, precision, local_world_size=nproc, dtype=dtype) if shape.frozen else None
     mbs, seq = cfg.training.micro_batch_size, cfg.data.seq_len
@@ -152,6 +156,7 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None) -> dict[str, Any]:
         "micro_batch_size": mbs,
         "seq_len": seq,
         "gradient_checkpointing": cfg.training.gradient_checkpointing,
+        "optimizer": {"name": cfg.optimizer.name, "state_bytes_per_parameter": optimizer_bytes},
         "activation_formula": ACTIVATION_FORMULA,
         "rows": rows,
     }
@@ -166,6 +171,7 @@ def _print_table(data: dict[str, Any]) -> None:
         + (f" ({data['num_processes']} on each of {data['num_machines']} machines)" if data["num_machines"] > 1 else "")
         + f"; {precision}; micro-batch {data['micro_batch_size']} x {data['seq_len']} tokens"
         + ("; activations recomputed in backward (training.gradient_checkpointing)" if data["gradient_checkpointing"] else "")
+        + f"; optimizer {data['optimizer']['name']} ({data['optimizer']['state_bytes_per_parameter']:g} bytes of state per parameter)"
     )
     lora = data.get("lora")
     if lora:

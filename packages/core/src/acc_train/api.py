@@ -29,8 +29,9 @@ from acc_train.hookspecs import hookimpl
 from acc_train.machine import current_machine, resolve_mixed_precision, warn_once_per_machine
 from acc_train.memory_plan import MemoryPlan, PlanInput, replicated
 from acc_train.model import enable_gradient_checkpointing
+from acc_train.optimizer import OptimizerKind, OptimizerOptions
 from acc_train.model_state import ModelStateMeter, TorchOptimizerMeter, dtype_name, local_nbytes
-from acc_train.plugins import checkpoint_formats, strategies, wrap_policies
+from acc_train.plugins import checkpoint_formats, optimizers, strategies, wrap_policies
 from acc_train.questions import Question
 from acc_train.strategy import DEFAULT_STRATEGY, Machine, Strategy, StrategyOptions, WrapPolicy
 from acc_train.user_files import read_user_json
@@ -42,9 +43,9 @@ __all__ = [
     # the strategy contract
     "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
     # hooks, questions for the wizard, errors
-    "DataKind", "Tokenized", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
+    "DataKind", "Tokenized", "OptimizerKind", "OptimizerOptions", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
     # registries
-    "checkpoint_formats", "strategies", "wrap_policies",
+    "checkpoint_formats", "optimizers", "strategies", "wrap_policies",
     # checkpoint formats and the portable state
     "CheckpointFormat", "DCPFormat", "flatten_optimizer_state", "load_portable_into", "read_portable_state",
     "state_dict_options", "unflatten_optimizer_state", "write_portable_state",

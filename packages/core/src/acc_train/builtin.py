@@ -11,6 +11,7 @@ from acc_train.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from acc_train.data_kind import DataKind
+    from acc_train.optimizer import OptimizerKind
     from acc_train.run import RunContext
 
 
@@ -25,6 +26,14 @@ def acc_train_register_data_kinds(register: Callable[[DataKind], None]) -> None:
 
     for kind in BUILTIN_KINDS:
         register(kind)
+
+
+@hookimpl
+def acc_train_register_optimizers(register: Callable[[OptimizerKind], None]) -> None:
+    from acc_train.optimizer import BUILTIN_OPTIMIZERS
+
+    for optimizer in BUILTIN_OPTIMIZERS:
+        register(optimizer)
 
 
 #: what core itself runs on, reported in every checkpoint's manifest

@@ -16,6 +16,7 @@ import pluggy
 if TYPE_CHECKING:
     from acc_train.checkpoint import CheckpointFormat
     from acc_train.data_kind import DataKind
+    from acc_train.optimizer import OptimizerKind
     from acc_train.questions import Question
     from acc_train.run import RunContext
     from acc_train.strategy import Strategy, WrapPolicy
@@ -79,6 +80,19 @@ def acc_train_register_data_kinds(register: Callable[[DataKind], None]) -> None:
     once per :class:`acc_train.api.DataKind` instance. The return value is ignored.
 
     :param register: callback taking a ``DataKind`` instance.
+    """
+
+
+@hookspec
+def acc_train_register_optimizers(register: Callable[[OptimizerKind], None]) -> None:
+    """Register optimizers (``optimizer.name``): their options, what they need to run, their
+    state, and how they are built over the model's parameter groups.
+
+    Called once, the first time an optimizer is looked up or listed (when a config is
+    validated). Call ``register(optimizer)`` once per :class:`acc_train.api.OptimizerKind`
+    instance. The return value is ignored.
+
+    :param register: callback taking an ``OptimizerKind`` instance.
     """
 
 

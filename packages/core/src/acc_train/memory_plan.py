@@ -49,6 +49,9 @@ class PlanInput:
     #: ``model.dtype``: what the parameters are loaded and held in (``auto`` is fp32); ``bf16``
     #: or ``fp16`` is pure low-precision training.
     dtype: str = "fp32"
+    #: bytes of optimizer state per trainable parameter element (the optimizer's
+    #: ``OptimizerKind.state_bytes``); None: AdamW's two moments in the parameters' dtype
+    optimizer_bytes_per_param: float | None = None
 
     @property
     def low_precision(self) -> bool:
@@ -64,6 +67,12 @@ class PlanInput:
     def param_bytes(self) -> int:
         """Bytes of a parameter as the model is loaded (4, or 2 under pure low precision)."""
         return 2 if self.low_precision_weights else 4
+
+    @property
+    def optimizer_bytes(self) -> float:
+        """Bytes of optimizer state per parameter element: AdamW 2x the parameter's (8 in fp32),
+        SGD with momentum 1x, Adafactor about 0 (factored), 8-bit AdamW 2."""
+        return 2.0 * self.param_bytes if self.optimizer_bytes_per_param is None else self.optimizer_bytes_per_param
 
 
 @dataclass(frozen=True)
@@ -95,8 +104,8 @@ class MemoryPlan:
 
 
 def replicated(plan: PlanInput, note: str = "") -> MemoryPlan:
-    """A full replica on every rank (DDP): fp32 parameters and gradients, Adam's two fp32
-    moments stepped in place. Under Accelerate's bf16/fp16 autocast the parameters, gradients
+    """A full replica on every rank (DDP): fp32 parameters and gradients, the optimizer's state
+    (Adam's two fp32 moments) stepped in place. Under Accelerate's bf16/fp16 autocast the parameters, gradients
     and moments stay fp32 (only activations are low precision), so the bytes are the same.
     Under ``model.dtype: bf16`` they are all 2 bytes: 8psi."""
     psi, b = plan.parameters, plan.param_bytes
@@ -104,7 +113,8 @@ def replicated(plan: PlanInput, note: str = "") -> MemoryPlan:
         default = f"model.dtype {plan.dtype}: parameters, gradients and moments are {plan.dtype}, no fp32 master copy"
     else:
         default = "autocast: parameters, gradients and moments stay fp32" if plan.low_precision else ""
-    return MemoryPlan(b * psi, b * psi, 2 * b * psi, f"{b}psi + {b}psi + {2 * b}psi = {4 * b}psi", note=note or default)
+    o = plan.optimizer_bytes
+    return MemoryPlan(b * psi, b * psi, int(o * psi), f"{b}psi + {b}psi + {o:g}psi = {2 * b + o:g}psi", note=note or default)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ class DeepSpeedCheckpointFormat(CheckpointFormat):
     writes_portable = True
     #: ``load`` resumes from the portable state alone (a converted checkpoint has no ``deepspeed/``)
     convert_target = True
+    #: the gather and scatter below know Adam's state only (see MOMENTS)
+    optimizer_state_keys = ("step", "exp_avg", "exp_avg_sq")
 
     def save(self, accelerator: Any, model: Any, optimizer: Any, directory: Path) -> None:
         from acc_train.api import write_portable_state
@@ -79,7 +81,7 @@ def _ensure_adam_state(engine: Any) -> None:
     for flat in flats:
         state = zero.optimizer.state[flat]
         if not state:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["step"] = torch.tensor(0.0, dtype=torch.float32, device=flat.device)  # fused AdamW (CUDA) keeps it there
             state["exp_avg"] = torch.zeros_like(flat, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(flat, memory_format=torch.preserve_format)
 
@@ -173,4 +175,4 @@ def _scatter_portable(engine: Any, directory: Path) -> None:
         step = max((float(m["step"]) for m in moments.values()), default=0.0)
         for state in zero.optimizer.state.values():
             if "step" in state:
-                state["step"] = torch.tensor(step, dtype=torch.float32) if torch.is_tensor(state["step"]) else int(step)
+                state["step"] = torch.tensor(step, dtype=torch.float32, device=state["step"].device) if torch.is_tensor(state["step"]) else int(step)

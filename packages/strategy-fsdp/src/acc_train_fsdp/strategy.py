@@ -327,7 +327,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         from acc_train.api import MemoryPlan, replicated
 
         options = self.options
-        psi, n, b = plan.parameters, plan.world_size, plan.param_bytes
+        psi, n, b, o = plan.parameters, plan.world_size, plan.param_bytes, plan.optimizer_bytes
         how = self._sharding()
         if how == "no_shard":
             return replicated(plan, note="no_shard: a replica on every rank, as DDP")
@@ -344,16 +344,16 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         gathered = 2 if plan.low_precision or plan.low_precision_weights else 4
         if how == "shard_grad_op":
             params = b * psi // n + gathered * psi
-            formula = f"({b}psi/N + {gathered}psi) + {b}psi/N + {2 * b}psi/N = {gathered}psi + {4 * b}psi/N"
+            formula = f"({b}psi/N + {gathered}psi) + {b}psi/N + {o:g}psi/N = {gathered}psi + {2 * b + o:g}psi/N"
             notes.append(f"parameters: the {b}psi/N shard plus the gathered {gathered}psi kept from forward to backward")
         else:
             params = b * psi // n
-            formula = f"{b}psi/N + {b}psi/N + {2 * b}psi/N = {4 * b}psi/N"
+            formula = f"{b}psi/N + {b}psi/N + {o:g}psi/N = {2 * b + o:g}psi/N"
             notes.append("+ one wrapped unit's parameters, gathered while it computes")
         if plan.low_precision_weights:
             notes.append(f"model.dtype {plan.dtype}: shards, gradients and moments are {plan.dtype}, no fp32 master copy")
         if options.cpu_offload:
             notes.append("offload: parameters, gradients and optimizer steps in CPU memory")
         return MemoryPlan(
-            params, b * psi // n, 2 * b * psi // n, formula, offload=offload, note="; ".join(notes), recompute=options.activation_checkpointing
+            params, b * psi // n, int(o * psi) // n, formula, offload=offload, note="; ".join(notes), recompute=options.activation_checkpointing
         )

@@ -47,6 +47,11 @@ class CheckpointFormat(ABC):
     #: convert --to NAME`` writes such checkpoints for the formats that say so.
     convert_target: ClassVar[bool] = False
 
+    #: The per-parameter optimizer state (``state_dict`` names) ``save`` writes and ``load``
+    #: restores; None: whatever the torch optimizer holds. An optimizer keeping other state is
+    #: refused before launch under this format (``OptimizerKind.state_keys``).
+    optimizer_state_keys: ClassVar[tuple[str, ...] | None] = None
+
     #: Whether :meth:`save_async` is implemented.
     supports_async: ClassVar[bool] = False
 

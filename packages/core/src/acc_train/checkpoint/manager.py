@@ -299,6 +299,9 @@ class CheckpointManager:
                 where=f"--resume {path}",
                 hint="keep the global batch (processes x micro-batch x accumulation), seed, data and sequence length of the run that wrote it",
             )
+        wrote, runs = manifest.get("optimizer"), self.manifest_extra.get("optimizer")
+        if wrote is not None and runs is not None and wrote != runs:  # checkpoints before optimizer names had adamw's state
+            raise UserError(f"checkpoint was written with optimizer {wrote!r}, whose state is not {runs!r}'s", where=f"--resume {path}", hint=f"resume with optimizer.name: {wrote}")
         fmt_name = manifest.get("format")
         if fmt_name != self.fmt.name and not manifest.get("portable"):
             raise UserError(

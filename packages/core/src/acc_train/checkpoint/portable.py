@@ -102,7 +102,7 @@ def write_portable_state(
 
     writer = HuggingFaceStorageWriter(str(directory / PORTABLE_DIR), save_distributed=_distributed())
     writer.fs = StreamHashes.wrap_active(writer.fs)  # a save in progress hashes the files as they are written
-    state = {"model": model_state, "optim": {"state": optim_state}}
+    state = {"model": model_state, "optim": {"state": _numbers_as_tensors(optim_state)}}
     with warnings.catch_warnings():  # one process: DCP says it assumes one process, which is right
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         if asynchronous:
@@ -129,16 +129,42 @@ def read_portable_state(directory: Path, model_state: dict[str, Any], optim_stat
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
     reader = HuggingFaceStorageReader(str(directory / PORTABLE_DIR))
+    optim_tensors = _numbers_as_tensors(optim_state)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({"model": model_state, "optim": {"state": optim_state}}, storage_reader=reader)
+            dcp.load({"model": model_state, "optim": {"state": optim_tensors}}, storage_reader=reader)
     except Exception as exc:  # DCP raises CheckpointException with each rank's failure
         raise UserError(
             f"the checkpoint's state does not fit this model: {str(exc).splitlines()[0][:300]}",
             where=str(directory / PORTABLE_DIR),
             hint="resume with the model (and model config) that wrote the checkpoint",
         ) from None
+    _tensors_back_to_numbers(optim_state, optim_tensors)
+
+
+def _numbers_as_tensors(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a name-keyed optimizer state with each plain number (a Python ``int`` step,
+    as transformers' Adafactor keeps) as a 0-dim tensor: the safetensors shards hold tensors only."""
+    import torch
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: convert(v) for k, v in value.items()}
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return torch.tensor(value, dtype=torch.int64 if isinstance(value, int) else torch.float64)
+        return value
+
+    return convert(state)
+
+
+def _tensors_back_to_numbers(state: dict[str, Any], loaded: dict[str, Any]) -> None:
+    """Write the numbers :func:`_numbers_as_tensors` turned into tensors back into ``state``."""
+    for key, value in state.items():
+        if isinstance(value, dict):
+            _tensors_back_to_numbers(value, loaded[key])
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            state[key] = type(value)(loaded[key].item())
 
 
 def read_portable_full(directory: Path) -> dict[str, torch.Tensor]:

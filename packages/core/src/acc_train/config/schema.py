@@ -155,15 +155,41 @@ class DataConfig(Section):
 
 
 class OptimizerConfig(Section):
-    """The defaults are the demo job's; a job naming a pretrained model gets
+    """``name`` selects a registered optimizer (core's: adamw, sgd, adafactor, adamw_8bit; a
+    plugin's through ``acc_train_register_optimizers``). ``betas``/``eps`` (AdamW's),
+    ``momentum``/``nesterov`` (SGD's) apply to the optimizers that take them: unset, they get
+    that optimizer's default; set for one that does not take them, they are refused; null in
+    the resolved config where they do not apply. ``options`` holds the optimizer's own keys.
+    The defaults are the demo job's; a job naming a pretrained model gets
     :data:`FINE_TUNE_DEFAULTS` for the keys it leaves unset."""
 
-    name: Literal["adamw"] = "adamw"
+    name: NonEmptyStr = "adamw"
     lr: PositiveFloat = 1e-3
     weight_decay: NonNegativeFloat = 0.01
-    #: AdamW's (beta1, beta2), each in [0, 1)
-    betas: list[Beta] = Field(default_factory=lambda: [0.9, 0.95], min_length=2, max_length=2)
-    eps: PositiveFloat = 1e-8
+    #: AdamW's (beta1, beta2), each in [0, 1); default [0.9, 0.95]
+    betas: list[Beta] | None = Field(None, min_length=2, max_length=2)
+    #: AdamW's; default 1e-8
+    eps: PositiveFloat | None = None
+    #: SGD's; default 0.9
+    momentum: Beta | None = None
+    #: SGD's; default false
+    nesterov: bool | None = None
+    #: the optimizer's own keys (adafactor: clip_threshold, decay_rate, beta1, scale_parameter)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from acc_train.config.optimizer import registered_name
+
+        return registered_name(name)
+
+    @model_validator(mode="after")
+    def _for_the_optimizer(self) -> OptimizerConfig:
+        from acc_train.config.optimizer import fit_to_optimizer
+
+        fit_to_optimizer(self)
+        return self
 
 
 class SchedulerConfig(Section):
@@ -300,7 +326,7 @@ class JobConfig(Section):
         if self.model.name_or_path is not None:
             for (section, key), value in FINE_TUNE_DEFAULTS.items():
                 part = getattr(self, section)
-                if key not in part.model_fields_set:
+                if key not in part.model_fields_set and getattr(part, key) is not None:  # None: not this optimizer's
                     setattr(part, key, copy.deepcopy(value))
         if "eval_fraction" not in self.data.model_fields_set and not self.data.train_files:
             self.data.eval_fraction = DEMO_EVAL_FRACTION

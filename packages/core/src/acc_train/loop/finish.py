@@ -9,6 +9,7 @@ import statistics
 from typing import Any
 
 from acc_train.checkpoint import TrainerState
+from acc_train.config.optimizer import optimizer_summary
 from acc_train.loop.loop import LoopResult
 from acc_train.model_state import ModelStateMeter
 from acc_train.output_paths import fresh_directory, replace_file
@@ -103,6 +104,7 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         "num_machines": machine.num_machines,
         "device": machine.device_type,
         "mixed_precision": accelerator.mixed_precision,
+        "optimizer": optimizer_summary(job, run.optimizer),
         **job.strategy.summary(accelerator),
         **_model_compute(accelerator.unwrap_model(run.model)),
         "steps": state.step,

@@ -221,17 +221,20 @@ def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
     return built
 
 
-def _optimizer(model: Any, cfg: Any) -> Any:
-    """AdamW; biases and norm weights get no weight decay."""
-    import torch
+def _optimizer(model: Any, job: ResolvedJob, accelerator: Accelerator) -> Any:
+    """The optimizer ``optimizer.name`` selects, once it is known to run here under this
+    strategy; biases and norm weights get no weight decay."""
+    from acc_train.config.optimizer import check_optimizer
 
+    cfg = job.config.optimizer
+    kind = check_optimizer(job, accelerator.acc_machine)
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    return kind.build(groups, cfg, accelerator.device)
 
 
 def prepare(job: ResolvedJob, accelerator: Accelerator, built: BuiltModel, data: TrainData) -> Prepared:
@@ -239,7 +242,7 @@ def prepare(job: ResolvedJob, accelerator: Accelerator, built: BuiltModel, data:
     from transformers import get_scheduler
 
     cfg = job.config
-    optimizer = _optimizer(built.model, cfg.optimizer)
+    optimizer = _optimizer(built.model, job, accelerator)
     streamed = data.stream is not None  # a stream's loader is not prepared (see _streamed)
     objects = [built.model, optimizer] + ([] if streamed else [data.train_dl]) + ([data.eval_dl] if data.eval_dl is not None else [])
     stand_in = streamed and data.eval_dl is None
@@ -294,6 +297,7 @@ def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltM
             # LoRA: the checkpoints hold the adapters alone, and the base model they belong to
             "adapters": adapter_manifest(cfg),
             "versions": library_versions(),
+            "optimizer": cfg.optimizer.name,  # its state is another optimizer's to no other
         },
         data_signature=signature,
         seed=t_cfg.seed,

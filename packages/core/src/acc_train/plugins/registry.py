@@ -1,5 +1,5 @@
 """Objects registered by name through a registration hook: strategies, wrap policies,
-checkpoint formats; a name two plugins claim belongs to neither."""
+checkpoint formats, data kinds, optimizers; a name two plugins claim belongs to neither."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from acc_train.strategy import Strategy, WrapPolicy, legacy_contract_problem
 
 __all__ = [
     "KNOWN_STRATEGY_PACKAGES", "NameConflictError", "Registry", "StrategyRegistry", "strategies", "wrap_policies",
-    "checkpoint_formats", "plugin_failures", "reset",
+    "checkpoint_formats", "data_kinds", "optimizers", "plugin_failures", "reset",
 ]  # fmt: skip
 
 
@@ -202,11 +202,18 @@ def _data_kind_base() -> type:
     return DataKind
 
 
+def _optimizer_base() -> type:
+    from acc_train.optimizer import OptimizerKind
+
+    return OptimizerKind
+
+
 _REGISTRIES: dict[str, Registry[Any]] = {
     "strategy": StrategyRegistry("strategy", "acc_train_register_strategies", lambda: Strategy),
     "wrap_policy": Registry("wrap policy", "acc_train_register_wrap_policies", lambda: WrapPolicy),
     "checkpoint_format": Registry("checkpoint format", "acc_train_register_checkpoint_formats", _checkpoint_format_base),
     "data_kind": Registry("data kind", "acc_train_register_data_kinds", _data_kind_base),
+    "optimizer": Registry("optimizer", "acc_train_register_optimizers", _optimizer_base),
 }
 
 
@@ -226,10 +233,14 @@ def data_kinds() -> Registry[Any]:
     return _REGISTRIES["data_kind"]
 
 
+def optimizers() -> Registry[Any]:
+    return _REGISTRIES["optimizer"]
+
+
 def plugin_failures() -> list[PluginFailure]:
     """Plugins that failed to import or register, after loading."""
     get_plugin_manager()
-    strategies(), wrap_policies(), checkpoint_formats(), data_kinds()
+    strategies(), wrap_policies(), checkpoint_formats(), data_kinds(), optimizers()
     return list(_failures)
 
 
