@@ -122,6 +122,16 @@ class Accelerator(accelerate.Accelerator):
         self._before_prepare(args)
         return super().prepare(*args, **kwargs)
 
+    def get_state_dict(self, model: Any, unwrap: bool = True) -> Any:
+        """Accelerate's, with a compiled model's state under the model's own names: its
+        replicated path unwraps keeping torch.compile's wrapper, whose keys all start with
+        ``_orig_mod.`` (a ``final/`` transformers could not load)."""
+        from accelerate.utils import is_compiled_module
+
+        if is_compiled_module(model):
+            model = model._orig_mod
+        return super().get_state_dict(model, unwrap=unwrap)
+
     def prepare_model(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         self._before_prepare((model,))
         return super().prepare_model(model, *args, **kwargs)
