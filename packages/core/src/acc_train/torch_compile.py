@@ -56,7 +56,7 @@ def dynamo_plugin(compile_cfg: CompileConfig) -> TorchDynamoPlugin:
 
 def compile_summary(model: Any, compile_cfg: CompileConfig) -> dict[str, Any]:
     """``run.json``'s ``compile``: the settings, and on this rank whether the prepared model is
-    compiled (whole, or its repeated blocks), how many graphs dynamo captured and how many
+    compiled (whole, its repeated blocks, or by its engine), how many graphs dynamo captured and how many
     graph breaks it met."""
     if not compile_cfg.enabled:
         return {"enabled": False}
@@ -65,7 +65,8 @@ def compile_summary(model: Any, compile_cfg: CompileConfig) -> dict[str, Any]:
 
     return {
         **compile_cfg.settings(),
-        "compiled": bool(is_compiled_module(model) or has_compiled_regions(model)),
+        # a library that compiles inside its own engine (DeepSpeed's engine.compile) says so itself
+        "compiled": bool(is_compiled_module(model) or has_compiled_regions(model) or getattr(model, "is_compiled", False)),
         "graphs": int(counters["stats"]["unique_graphs"]),
         "graph_breaks": int(sum(counters["graph_break"].values())),
     }

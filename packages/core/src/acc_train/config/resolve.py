@@ -157,6 +157,12 @@ def config_problems(data: dict[str, Any], sources: Sources | None = None) -> lis
     section = raw.get("strategy", {"name": DEFAULT_STRATEGY})
     if isinstance(section, dict):  # else JobConfig reported it
         problems += strategy_problems(section, sources)
+    if not problems:  # what needs the config and its strategy together
+        config = JobConfig.model_validate(raw)
+        try:
+            check_compile(config.training.compile, resolve_strategy(*split_strategy_section(config.strategy, sources), sources), sources.where("training.compile"))
+        except UserError as exc:
+            problems.append(str(exc))
     return problems
 
 
