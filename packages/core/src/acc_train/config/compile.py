@@ -131,5 +131,5 @@ def check_compile(compile_cfg: CompileConfig, strategy: Any, origin: str | None 
     raise UserError(
         f'training.compile cannot run under strategy "{strategy.name}": {problem}',
         where="training.compile" + (f" ({origin})" if origin else ""),
-        hint="set training.compile.enabled=false (--set training.compile=false), or run compiled under ddp or fsdp2",
+        hint="set training.compile.enabled=false (--set training.compile=false), or choose a strategy that compiles",
     )
