@@ -59,6 +59,7 @@ def test_naming_a_backend_switches_compile_on_unless_enabled_says_otherwise() ->
         ("training.compile.backend=torchscript", "training.compile.backend"),
         ("training.compile.mode=fast", "training.compile.mode"),
         ("training.compile.fullgrph=true", "fullgraph"),
+        ("training.compile={enabled: true, fullgraph: true}", "needs regional: true"),
     ],
 )
 def test_a_wrong_compile_key_or_value_is_refused_by_name(item: str, fragment: str) -> None:
@@ -117,7 +118,7 @@ class NoCompile(Strategy):
     name = "nocompile"
     def accelerator_kwargs(self, job):
         return {}
-    def compile_problem(self):
+    def compile_problem(self, settings):
         return "its engine traces the model itself; use its own compile option"
 
 @hookimpl
@@ -140,3 +141,47 @@ def test_a_strategy_that_cannot_compile_is_refused_before_launch(install: Instal
     pythonpath = os.pathsep.join(p for p in (str(path), os.environ.get("PYTHONPATH", "")) if p)
     proc = run_cli("--strategy", "nocompile", "--set", "training.compile.backend=eager", "--print-config", env={"PYTHONPATH": pythonpath})
     assert_user_error(proc, "training.compile cannot run under strategy", "training.compile.enabled=false")
+
+
+SCRIPT = """
+import json, os
+import torch
+from accelerate.utils import has_compiled_regions, is_compiled_module
+from acc_train import Accelerator
+
+acc = Accelerator()
+model = acc.prepare(torch.nn.Linear(4, 2))
+model(torch.ones(3, 4)).sum().backward()
+plugin = acc.state.dynamo_plugin
+with open(os.environ["OUT"], "w") as f:
+    json.dump({"backend": plugin.backend.value, "dynamic": plugin.dynamic, "fullgraph": plugin.fullgraph,
+               "regional": plugin.use_regional_compilation, "compiled": is_compiled_module(model) or has_compiled_regions(model)}, f)
+"""
+
+
+@pytest.mark.launch
+def test_a_launched_script_compiles_as_the_files_dynamo_config_says_not_the_shell(tmp_path: Path) -> None:
+    import json
+
+    script, out, config = tmp_path / "s.py", tmp_path / "out.json", tmp_path / "acc.yaml"
+    script.write_text(SCRIPT)
+    config.write_text(
+        "distributed_type: MULTI_CPU\nnum_processes: 1\nmixed_precision: 'no'\n"
+        "dynamo_config:\n  dynamo_backend: AOT_EAGER\n"
+    )
+    shell = {"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR", "ACCELERATE_DYNAMO_USE_FULLGRAPH": "true", "ACCELERATE_DYNAMO_USE_DYNAMIC": "true", "OUT": str(out)}
+    proc = run_cli("--config", str(config), "launch", str(script), env=shell)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text()) == {"backend": "AOT_EAGER", "dynamic": None, "fullgraph": False, "regional": False, "compiled": True}
+    assert "ignoring ACCELERATE_DYNAMO_BACKEND=INDUCTOR (training.compile.backend), ACCELERATE_DYNAMO_USE_FULLGRAPH=true" in proc.stderr
+
+
+def test_dynamo_env_is_what_accelerate_launch_exports() -> None:
+    from acc_train.config.compile import dynamo_env
+
+    assert dynamo_env(load_job().config.training.compile) == {
+        "ACCELERATE_DYNAMO_BACKEND": "NO", "ACCELERATE_DYNAMO_MODE": "default",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
+    }  # fmt: skip
+    on = load_job(sets=["training.compile={backend: inductor, dynamic: true, regional: true}"]).config.training.compile
+    assert dynamo_env(on)["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR" and dynamo_env(on)["ACCELERATE_DYNAMO_USE_DYNAMIC"] == "True"

@@ -132,6 +132,16 @@ class Accelerator(accelerate.Accelerator):
             model = model._orig_mod
         return super().get_state_dict(model, unwrap=unwrap)
 
+    def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> Any:
+        """Accelerate's, except that a model compiled by regions (``training.compile.regional``)
+        unwraps to the model itself: Accelerate would hand back its regionally compiled copy of
+        the wrapper (a ``DistributedDataParallel``), which is not the model."""
+        from accelerate.utils import has_compiled_regions, is_compiled_module
+
+        if keep_torch_compile and not is_compiled_module(model) and has_compiled_regions(model):
+            keep_torch_compile = False
+        return super().unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
     def prepare_model(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         self._before_prepare((model,))
         return super().prepare_model(model, *args, **kwargs)

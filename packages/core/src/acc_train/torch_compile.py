@@ -10,10 +10,9 @@ otherwise read, are ignored by acc-train's loop, with a warning naming the key t
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
-from acc_train.config.compile import DYNAMO_ENV_VARS
+from acc_train.config.compile import ignored_env_warning
 from acc_train.machine import warn_once_per_machine
 
 if TYPE_CHECKING:
@@ -21,13 +20,7 @@ if TYPE_CHECKING:
 
     from acc_train.config.compile import CompileConfig
 
-__all__ = ["dynamo_plugin", "compile_summary", "ignored_dynamo_env"]
-
-
-def ignored_dynamo_env(environ: dict[str, str] | os._Environ[str] | None = None) -> dict[str, str]:
-    """The ``ACCELERATE_DYNAMO_*`` variables set in the environment, which acc-train's loop ignores."""
-    environ = os.environ if environ is None else environ
-    return {name: environ[name] for name in DYNAMO_ENV_VARS if environ.get(name)}
+__all__ = ["dynamo_plugin", "compile_summary"]
 
 
 def dynamo_plugin(compile_cfg: CompileConfig) -> TorchDynamoPlugin:
@@ -35,13 +28,9 @@ def dynamo_plugin(compile_cfg: CompileConfig) -> TorchDynamoPlugin:
     nothing is read from the environment (backend ``no`` when compile is off)."""
     from accelerate.utils import TorchDynamoPlugin
 
-    ignored = ignored_dynamo_env()
-    if ignored:
-        keys = ", ".join(f"{name}={value} (training.compile.{DYNAMO_ENV_VARS[name]})" for name, value in ignored.items())
-        warn_once_per_machine(
-            f"ignoring {keys} from the environment: acc-train compiles as training.compile says "
-            f"(enabled: {str(compile_cfg.enabled).lower()}); set those keys in the config instead"
-        )
+    warning = ignored_env_warning(compile_cfg)
+    if warning:
+        warn_once_per_machine(warning)
     cfg = compile_cfg
     plugin = TorchDynamoPlugin(
         backend=cfg.backend if cfg.enabled else "no",

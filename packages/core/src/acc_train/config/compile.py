@@ -9,6 +9,8 @@ has wrapped it. No torch or accelerate import here: resolving a config stays fas
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
@@ -17,7 +19,7 @@ from acc_train.errors import UserError
 
 __all__ = [
     "CompileConfig", "DYNAMO_BACKENDS", "COMPILE_MODES", "DYNAMO_ENV_VARS", "DynamoSection", "dynamo_keys",
-    "compile_from_dynamo", "check_compile",
+    "compile_from_dynamo", "check_compile", "dynamo_env", "ignored_env_warning",
 ]  # fmt: skip
 
 #: ``accelerate.utils.DynamoBackend`` less ``NO``, lower case as torch.compile names them
@@ -29,8 +31,9 @@ DYNAMO_BACKENDS = (
 #: torch.compile's ``mode``.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: What ``accelerate launch`` exports from a ``dynamo_config`` and ``TorchDynamoPlugin`` reads
-#: when it is built without arguments. acc-train's loop builds it from ``training.compile``
-#: alone, so these are ignored there (with a warning saying which key to set instead).
+#: when it is built without arguments, with the ``training.compile`` key each stands for.
+#: acc-train's loop builds the plugin from ``training.compile`` alone, and ``acc-train launch``
+#: exports them from it (:func:`dynamo_env`), so the shell's are ignored, with a warning.
 DYNAMO_ENV_VARS = {
     "ACCELERATE_DYNAMO_BACKEND": "backend",
     "ACCELERATE_DYNAMO_MODE": "mode",
@@ -43,8 +46,8 @@ DYNAMO_ENV_VARS = {
 class CompileConfig(BaseModel):
     """``training.compile``: compile the model with torch.compile through Accelerate.
 
-    ``training.compile: true`` is short for ``{enabled: true}``; naming a ``backend`` or ``mode``
-    without ``enabled`` switches it on (as HF Trainer's ``torch_compile_backend`` does).
+    ``training.compile: true`` is short for ``{enabled: true}``; naming any of its keys without
+    ``enabled`` switches it on (as HF Trainer's ``torch_compile_backend`` does).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
@@ -67,9 +70,19 @@ class CompileConfig(BaseModel):
     def _shorthand(cls, value: Any) -> Any:
         if isinstance(value, bool):
             return {"enabled": value}
-        if isinstance(value, dict) and "enabled" not in value and ("backend" in value or "mode" in value):
+        if isinstance(value, dict) and value and "enabled" not in value:
             return {**value, "enabled": True}
         return value
+
+    @model_validator(mode="after")
+    def _fullgraph_by_regions(self) -> CompileConfig:
+        if self.enabled and self.fullgraph and not self.regional:
+            raise ValueError(
+                "training.compile.fullgraph: true needs regional: true: a whole causal LM's forward does not trace as one "
+                "graph under acc-train's loop (transformers' own code and the strategy's wrapper break it; measured with "
+                "torch 2.13), each decoder layer does. Set regional: true, or fullgraph: false"
+            )
+        return self
 
     @field_validator("backend", mode="before")
     @classmethod
@@ -125,11 +138,40 @@ def check_compile(compile_cfg: CompileConfig, strategy: Any, origin: str | None 
     says it cannot run compiled (``Strategy.compile_problem``)."""
     if not compile_cfg.enabled:
         return
-    problem = strategy.compile_problem()
+    problem = strategy.compile_problem(compile_cfg)
     if problem is None:
         return
     raise UserError(
         f'training.compile cannot run under strategy "{strategy.name}": {problem}',
         where="training.compile" + (f" ({origin})" if origin else ""),
         hint="set training.compile.enabled=false (--set training.compile=false), or choose a strategy that compiles",
+    )
+
+
+def dynamo_env(compile_cfg: CompileConfig) -> dict[str, str]:
+    """``training.compile`` as the ``ACCELERATE_DYNAMO_*`` variables ``accelerate launch`` exports
+    for a script (``acc-train launch``): its ``Accelerator`` reads them unless it is given
+    ``dynamo_backend`` or ``dynamo_plugin`` itself."""
+    env = {
+        "ACCELERATE_DYNAMO_BACKEND": compile_cfg.backend.upper() if compile_cfg.enabled else "NO",
+        "ACCELERATE_DYNAMO_MODE": compile_cfg.mode,
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH": str(compile_cfg.fullgraph),
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": str(compile_cfg.regional),
+    }
+    if compile_cfg.dynamic is not None:
+        env["ACCELERATE_DYNAMO_USE_DYNAMIC"] = str(compile_cfg.dynamic)
+    return env
+
+
+def ignored_env_warning(compile_cfg: CompileConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """The warning for ``ACCELERATE_DYNAMO_*`` variables set in ``environ`` (the process's own by
+    default), which acc-train ignores: the job's ``training.compile`` decides. None when none is set."""
+    environ = os.environ if environ is None else environ
+    ignored = {name: environ[name] for name in DYNAMO_ENV_VARS if environ.get(name)}
+    if not ignored:
+        return None
+    keys = ", ".join(f"{name}={value} (training.compile.{DYNAMO_ENV_VARS[name]})" for name, value in ignored.items())
+    return (
+        f"ignoring {keys} from the environment: acc-train compiles as training.compile says "
+        f"(enabled: {str(compile_cfg.enabled).lower()}); set those keys in the config instead"
     )
