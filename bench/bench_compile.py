@@ -37,7 +37,11 @@ STRATEGIES = ("ddp", "fsdp2")
 
 
 def job_args(args: argparse.Namespace) -> list[str]:
-    model = f"model.config={{num_hidden_layers: {args.layers}, hidden_size: {args.hidden}, intermediate_size: {args.hidden * 8 // 3}, max_position_embeddings: {args.seq_len}}}"
+    heads = args.heads or (6 if args.hidden % 6 == 0 else max(1, args.hidden // 64))  # the demo's 6 where they divide
+    model = (
+        f"model.config={{num_hidden_layers: {args.layers}, hidden_size: {args.hidden}, intermediate_size: {args.hidden * 8 // 3}, "
+        f"num_attention_heads: {heads}, num_key_value_heads: {heads}, max_position_embeddings: {args.seq_len}}}"
+    )
     return [
         "--micro-batch-size", str(args.micro_batch), "--mixed-precision", args.mixed_precision,
         "--set", model, "--set", f"data.seq_len={args.seq_len}", "--set", "data.eval_fraction=0",
@@ -93,6 +97,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the median (the compile and its recompiles)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=192)
+    parser.add_argument("--heads", type=int, default=None, help="attention heads; default 6 (the demo's), or hidden/64 where 6 does not divide")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--processes", type=int, default=2, help="0: acc-train's default (one per GPU)")
