@@ -57,7 +57,7 @@ class CompileConfig(BaseModel):
     #: ``aot_eager`` / ``eager`` (capture the graph, run it with aten ops: for debugging), ...
     backend: Literal[DYNAMO_BACKENDS] = "inductor"  # type: ignore[valid-type]
     mode: Literal[COMPILE_MODES] = "default"  # type: ignore[valid-type]
-    #: Refuse graph breaks: one graph for the whole forward, or an error.
+    #: Refuse graph breaks: each compiled region is one graph, or an error. Needs ``regional``.
     fullgraph: bool = False
     #: Dynamic shapes: null lets torch decide (it recompiles dynamically when a shape changes).
     dynamic: bool | None = None
@@ -90,7 +90,7 @@ class CompileConfig(BaseModel):
         return value.lower() if isinstance(value, str) else value  # accelerate config files write INDUCTOR
 
     def settings(self) -> dict[str, Any]:
-        """What run.json records and the worker builds the plugin from."""
+        """The settings as run.json records them."""
         return self.model_dump(mode="json")
 
 
