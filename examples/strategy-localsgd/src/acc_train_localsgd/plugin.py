@@ -81,7 +81,7 @@ class PerRankFormat(CheckpointFormat):
         from acc_train.api import flatten_optimizer_state
 
         rank = accelerator.process_index
-        save_model(accelerator.unwrap_model(model), str(directory / f"model-rank{rank:05d}.safetensors"))
+        save_model(accelerator.unwrap_model(model, keep_torch_compile=False), str(directory / f"model-rank{rank:05d}.safetensors"))
         tensors, meta = flatten_optimizer_state(optimizer.state_dict())
         save_file(tensors, str(directory / f"optimizer-rank{rank:05d}.safetensors"))
         (directory / f"optimizer-rank{rank:05d}.json").write_text(json.dumps(meta))
@@ -99,7 +99,7 @@ class PerRankFormat(CheckpointFormat):
                 where=str(directory),
                 hint="resume local-sgd with the number of processes that wrote the checkpoint",
             )
-        load_model(accelerator.unwrap_model(model), str(model_file))
+        load_model(accelerator.unwrap_model(model, keep_torch_compile=False), str(model_file))
         meta = json.loads((directory / f"optimizer-rank{rank:05d}.json").read_text())
         tensors = load_file(str(directory / f"optimizer-rank{rank:05d}.safetensors"))
         optimizer.load_state_dict(unflatten_optimizer_state(tensors, meta))

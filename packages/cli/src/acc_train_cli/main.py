@@ -175,7 +175,21 @@ def launch(ctx: click.Context, script: str, script_args: tuple[str, ...], **para
         "ACC_TRAIN_MIXED_PRECISION": job.config.training.mixed_precision,
         "ACC_TRAIN_TIMEOUT": str(job.config.launch.timeout),
     }
+    _compile_env(job.config.training.compile, env)
     _run_workers(job.config.launch, ["-m", "acc_train.script_worker", script, *script_args], env)
+
+
+def _compile_env(compile_cfg: Any, env: dict[str, str]) -> None:
+    """``training.compile`` for a script's ``Accelerator``, as ``accelerate launch`` passes a
+    ``dynamo_config``: the shell's ``ACCELERATE_DYNAMO_*`` give way to it, with a warning."""
+    from acc_train.config.compile import DYNAMO_ENV_VARS, dynamo_env, ignored_env_warning
+
+    warning = ignored_env_warning(compile_cfg)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    for name in DYNAMO_ENV_VARS:  # one the config leaves unset (USE_DYNAMIC) must not come from the shell
+        os.environ.pop(name, None)
+    env.update(dynamo_env(compile_cfg))
 
 
 cli.add_command(strategies)

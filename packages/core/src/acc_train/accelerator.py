@@ -122,6 +122,26 @@ class Accelerator(accelerate.Accelerator):
         self._before_prepare(args)
         return super().prepare(*args, **kwargs)
 
+    def get_state_dict(self, model: Any, unwrap: bool = True) -> Any:
+        """Accelerate's, with a compiled model's state under the model's own names: its
+        replicated path unwraps keeping torch.compile's wrapper, whose keys all start with
+        ``_orig_mod.`` (a ``final/`` transformers could not load)."""
+        from accelerate.utils import is_compiled_module
+
+        if is_compiled_module(model):
+            model = model._orig_mod
+        return super().get_state_dict(model, unwrap=unwrap)
+
+    def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> Any:
+        """Accelerate's, except that a model compiled by regions (``training.compile.regional``)
+        unwraps to the model itself: Accelerate would hand back its regionally compiled copy of
+        the wrapper (a ``DistributedDataParallel``), which is not the model."""
+        from accelerate.utils import has_compiled_regions, is_compiled_module
+
+        if keep_torch_compile and not is_compiled_module(model) and has_compiled_regions(model):
+            keep_torch_compile = False
+        return super().unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
     def prepare_model(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         self._before_prepare((model,))
         return super().prepare_model(model, *args, **kwargs)

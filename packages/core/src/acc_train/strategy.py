@@ -197,6 +197,15 @@ class Strategy(ABC, Generic[OptionsT]):
         (``acc_train.testing``) then checks that its losses match DDP's."""
         return False
 
+    def compile_problem(self, settings: Any) -> str | None:
+        """Why ``training.compile`` as set (``settings``: the validated section, with ``backend``,
+        ``mode``, ``fullgraph``, ``dynamic``, ``regional``) cannot run under this strategy with
+        these options, or None where it can. Called only when compile is enabled. Accelerate
+        compiles the model its ``prepare`` returns; the default (None) suits a strategy whose
+        model is prepared that way. A strategy whose wrapper or library does not survive
+        compilation says why and what to use instead; the job is refused before launch with it."""
+        return None
+
     def expected_distributed_types(self, machine: Machine) -> set[str]:
         """Names of Accelerate ``DistributedType`` members this strategy accepts on ``machine``.
         If Accelerate picks another one, the run stops with an error instead of training

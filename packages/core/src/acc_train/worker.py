@@ -64,11 +64,15 @@ def exit_finished_run() -> None:
 
     atexit._run_exitfuncs()
     for obj in gc.get_objects():  # what teardown would flush: files still open (a script's own, too)
-        if isinstance(obj, io.IOBase) and not obj.closed:
-            try:
-                obj.flush()
-            except Exception:  # noqa: BLE001 - a file that cannot flush is not ours to fix at exit
-                pass
+        try:
+            if not isinstance(obj, io.IOBase) or obj.closed:
+                continue
+        except ReferenceError:  # a weakref.proxy whose object is gone (torch.compile leaves some)
+            continue
+        try:
+            obj.flush()
+        except Exception:  # noqa: BLE001 - a file that cannot flush is not ours to fix at exit
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

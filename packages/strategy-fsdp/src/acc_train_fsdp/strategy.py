@@ -48,6 +48,15 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         options = self.options
         return options.mixed_precision_policy is None  # its own casts change the arithmetic
 
+    def compile_problem(self, settings: Any) -> str | None:
+        """Compiled as Accelerate does it (the model before ``fully_shard`` under FSDP2, the FSDP
+        module under FSDP1); graph breaks at FSDP's hooks are expected, so not ``fullgraph``:
+        under FSDP2 Accelerate's per-block compile then fails with "found no compiled frames"
+        (torch 2.13), and FSDP1 was not tried with it."""
+        if settings.fullgraph:
+            return "fullgraph: true does not run under FSDP (its hooks break the graph); set training.compile.fullgraph=false"
+        return None
+
     def check_environment(self, machine: Machine) -> None:
         options = self.options
         if options.cpu_offload and machine.device_type == "cpu":

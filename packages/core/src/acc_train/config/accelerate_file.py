@@ -1,6 +1,7 @@
 """Config files written by ``accelerate config``, read as acc-train configs.
 
-Core maps the top level (processes, machines, precision). Which strategy a
+Core maps the top level (processes, machines, precision) and ``dynamo_config``
+(``training.compile``, :mod:`acc_train.config.compile`). Which strategy a
 ``distributed_type`` selects is declared by the strategies themselves
 (``Strategy.accelerate_distributed_types``), and the plugin answering the
 ``acc_train_accelerate_config`` hook maps its own section of the file.
@@ -12,6 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
+from acc_train.config.compile import DynamoSection, compile_from_dynamo, dynamo_keys
 from acc_train.config.problems import short_repr
 from acc_train.config.sources import deep_merge
 from acc_train.errors import PluginError, UserError, closest
@@ -25,11 +27,11 @@ SectionModel = TypeVar("SectionModel", bound=BaseModel)
 ACCELERATE_PASSIVE_KEYS = {
     "compute_environment", "debug", "downcast_bf16", "enable_cpu_affinity", "gpu_ids",
     "main_training_function", "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo",
-    "use_cpu", "dynamo_config", "megatron_lm_config",
+    "use_cpu", "megatron_lm_config",
 }  # fmt: skip
 ACCELERATE_MAPPED_KEYS = {
     "distributed_type", "mixed_precision", "num_processes", "num_machines", "machine_rank",
-    "main_process_ip", "main_process_port", "rdzv_backend",
+    "main_process_ip", "main_process_port", "rdzv_backend", "dynamo_config", "dynamo_backend",
 }  # fmt: skip
 
 
@@ -149,6 +151,12 @@ def from_accelerate_config(data: dict[str, Any], file: str, lines: dict[str, str
             out["launch"][key] = getattr(top, key)
     if top.mixed_precision is not None or "mixed_precision" in data:
         out["training"] = {"mixed_precision": top.mixed_precision or "no"}
+    try:  # dynamo_config: training.compile
+        compiled = compile_from_dynamo(read_accelerate_section(dynamo_keys(data), DynamoSection, "dynamo_config"))
+    except UserError as exc:
+        raise UserError(exc.message, where=_at(lines, str(exc.where), file), hint=exc.hint) from None
+    if compiled is not None:
+        out.setdefault("training", {})["compile"] = compiled
     try:
         section = accelerate_config_section(kind, data)
     except PluginError:

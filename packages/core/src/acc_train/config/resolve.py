@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from acc_train.config.accelerate_file import from_accelerate_config, is_accelerate_config
+from acc_train.config.compile import check_compile
 from acc_train.config.problems import format_validation_error, problem_lines
 from acc_train.config.schema import JobConfig
 from acc_train.config.sources import Sources, deep_merge, parse_set, read_yaml_file, set_dotted
@@ -137,7 +138,9 @@ def load_job(
     except ValidationError as exc:
         raise format_validation_error(exc, JobConfig, sources) from None
     name, options = split_strategy_section(config.strategy, sources)
-    return ResolvedJob(config, resolve_strategy(name, options, sources), sources, default_file)
+    strategy = resolve_strategy(name, options, sources)
+    check_compile(config.training.compile, strategy, sources.where("training.compile"))
+    return ResolvedJob(config, strategy, sources, default_file)
 
 
 def config_problems(data: dict[str, Any], sources: Sources | None = None) -> list[str]:
@@ -154,6 +157,12 @@ def config_problems(data: dict[str, Any], sources: Sources | None = None) -> lis
     section = raw.get("strategy", {"name": DEFAULT_STRATEGY})
     if isinstance(section, dict):  # else JobConfig reported it
         problems += strategy_problems(section, sources)
+    if not problems:  # what needs the config and its strategy together
+        config = JobConfig.model_validate(raw)
+        try:
+            check_compile(config.training.compile, resolve_strategy(*split_strategy_section(config.strategy, sources), sources), sources.where("training.compile"))
+        except UserError as exc:
+            problems.append(str(exc))
     return problems
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from acc_train.config.compile import CompileConfig
 from acc_train.strategy import DEFAULT_STRATEGY
 from acc_train.trackers import TRACKER_MODULES, TrackerConfig
 
@@ -222,6 +223,9 @@ class TrainingConfig(Section):
     #: Recompute each layer's activations in backward instead of storing them (transformers'
     #: gradient checkpointing, non-reentrant), under every strategy: less memory, more compute.
     gradient_checkpointing: bool = False
+    #: torch.compile through Accelerate's ``TorchDynamoPlugin`` (:class:`CompileConfig`); ``true`` is
+    #: ``{enabled: true}`` with the inductor backend.
+    compile: CompileConfig = Field(default_factory=CompileConfig)
 
     @field_validator("mixed_precision", mode="before")
     @classmethod

@@ -14,6 +14,7 @@ from acc_train.loop.loop import LoopResult
 from acc_train.model_state import ModelStateMeter
 from acc_train.output_paths import fresh_directory, replace_file
 from acc_train.run import RunContext
+from acc_train.torch_compile import compile_summary
 
 __all__ = ["summarize", "write_run_json", "save_final", "peak_memory_bytes"]
 
@@ -107,6 +108,7 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         "optimizer": optimizer_summary(job, run.optimizer),
         **job.strategy.summary(accelerator),
         **_model_compute(accelerator.unwrap_model(run.model)),
+        "compile": compile_summary(run.model, t_cfg.compile),
         "steps": state.step,
         "start_step": result.start_step,
         "epoch": state.epoch,

@@ -72,11 +72,12 @@ class Prepared:
 
 
 def make_accelerator(job: ResolvedJob) -> Accelerator:
-    """``acc_train.Accelerator`` for the job's strategy, seeded."""
+    """``acc_train.Accelerator`` for the job's strategy, seeded, compiling as ``training.compile`` says."""
     from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
 
     from acc_train.accelerate_compat import skip_unused_library_imports
     from acc_train.accelerator import Accelerator
+    from acc_train.torch_compile import dynamo_plugin
 
     skip_unused_library_imports()  # acc-train's own loop: a user's script (acc-train launch) is left as it is
     t_cfg = job.config.training
@@ -91,6 +92,7 @@ def make_accelerator(job: ResolvedJob) -> Accelerator:
         log_with=t_cfg.report_to or None,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
         step_scheduler_with_optimizer=False,
+        dynamo_plugin=dynamo_plugin(t_cfg.compile),  # Accelerate compiles the prepared model (training.compile)
     )
     set_seed(t_cfg.seed)
     return accelerator
