@@ -26,7 +26,7 @@ from tests.conftest import REFERENCE_STEPS, ROOT, assert_same_losses, read_metri
 #: job or a pod must not see its own cluster)
 CLUSTER_VARS = [
     *(f"SLURM_{v}" for v in (
-        "JOB_ID", "STEP_ID", "STEP_NUM_NODES", "NNODES", "JOB_NUM_NODES", "NODEID", "STEP_NODELIST", "JOB_NODELIST",
+        "JOB_ID", "STEP_ID", "STEPID", "STEP_NUM_NODES", "NNODES", "JOB_NUM_NODES", "NODEID", "STEP_NODELIST", "JOB_NODELIST",
         "NODELIST", "GPUS_ON_NODE", "GPUS_PER_NODE", "JOB_GPUS", "STEP_TASKS_PER_NODE", "NTASKS_PER_NODE",
     )),
     *(f"{p}{v}" for p in ("", "PET_") for v in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")),
@@ -143,6 +143,8 @@ def test_torchrun_variables_fill_the_launch_keys() -> None:
     assert plain is not None and plain.values == {"num_machines": 3, "machine_rank": 2, "main_process_ip": "10.0.0.1"}
     fixed = detect_cluster({**TORCHRUN, "PET_NNODES": "2:2"})
     assert fixed is not None and fixed.values["num_machines"] == 2
+    alone = detect_cluster({"NNODES": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "1"})  # no rendezvous to name
+    assert alone is not None and alone.values == {"num_machines": 1}
 
 
 @pytest.mark.parametrize(
@@ -242,7 +244,7 @@ DOC = (ROOT / "docs" / "cluster.md").read_text()
 
 
 def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```", DOC, flags=re.M | re.S)
+    return re.findall(rf"^```{lang}\n(.*?)^```", DOC, flags=re.MULTILINE | re.DOTALL)
 
 
 def _doc_job() -> str:

@@ -125,7 +125,7 @@ def _slurm(env: Mapping[str, str]) -> Detected:
     machines = _int(n_name, n_value, low=1) if n_name and n_value else 1
     found.put("num_machines", machines, f"${n_name}" if n_name else "Slurm (no node count: 1)")
     if machines > 1:
-        if not env.get("SLURM_STEP_ID", "").strip():
+        if _first(env, "SLURM_STEP_ID", "SLURM_STEPID")[0] is None:  # srun sets it: without it, not a step
             raise UserError(
                 f"this is Slurm job {env['SLURM_JOB_ID']}'s batch script, not a step on each of its {machines} nodes",
                 where="$SLURM_STEP_ID",
@@ -175,14 +175,15 @@ def _torchrun(env: Mapping[str, str], found: Detected) -> None:
             if rank >= machines:
                 raise UserError(f"rank {rank} is not below ${n_name}={machines}", where=f"${r_name}", hint="machine ranks count from 0")
             found.put("machine_rank", rank, f"${r_name}")
-    a_name, a_value = _first(env, "PET_MASTER_ADDR", "MASTER_ADDR")
-    if a_name and a_value:
-        found.put("main_process_ip", a_value, f"${a_name}")
-    elif found.values.get("num_machines", 1) > 1 and "main_process_ip" not in found.values:
-        raise UserError(f"{found.origins['num_machines']} says several machines but no address of machine 0 is set", where="$MASTER_ADDR")
-    p_name, p_value = _first(env, "PET_MASTER_PORT", "MASTER_PORT")
-    if p_name and p_value:
-        found.put("main_process_port", _int(p_name, p_value, low=1, high=65535), f"${p_name}")
+    if found.values.get("num_machines", 1) > 1:  # one machine needs no rendezvous address
+        a_name, a_value = _first(env, "PET_MASTER_ADDR", "MASTER_ADDR")
+        if a_name and a_value:
+            found.put("main_process_ip", a_value, f"${a_name}")
+        elif "main_process_ip" not in found.values:
+            raise UserError(f"{found.origins['num_machines']} says several machines but no address of machine 0 is set", where="$MASTER_ADDR")
+        p_name, p_value = _first(env, "PET_MASTER_PORT", "MASTER_PORT")
+        if p_name and p_value:
+            found.put("main_process_port", _int(p_name, p_value, low=1, high=65535), f"${p_name}")
     c_name, c_value = _first(env, "PET_NPROC_PER_NODE", "NPROC_PER_NODE")
     if c_name and c_value and c_value not in ("auto", "gpu") and "num_processes" not in found.values:
         found.put("num_processes", _int(c_name, c_value, low=1), f"${c_name}")
@@ -208,8 +209,11 @@ def resolve_on_cluster(load: Callable[[dict[str, Any] | None], ResolvedJob], env
     and what was detected, its ``values`` and ``origins`` cut to the keys that were used."""
     try:
         found = detect_cluster(env)
-    except UserError:
-        job = load(None)
+    except UserError as problem:
+        try:
+            job = load(None)
+        except UserError:
+            raise problem from None  # the environment's problem first: it is what stops the launch
         if job.config.launch.model_fields_set >= set(CLUSTER_KEYS):  # the job says it all itself
             return job, None
         raise
