@@ -66,7 +66,7 @@ def plugins() -> None:
 
 @click.command()
 def env() -> None:
-    """Print versions and devices, for bug reports."""
+    """Print versions, devices and the cluster detected (Slurm, torchrun's variables), for bug reports."""
     import platform
     from importlib import metadata
 
@@ -104,6 +104,25 @@ def env() -> None:
     lines["distributed backends"] = ", ".join(
         b for b, ok in (("gloo", torch.distributed.is_gloo_available()), ("nccl", torch.distributed.is_nccl_available()), ("mpi", torch.distributed.is_mpi_available())) if ok
     )
+    lines.update(_cluster_lines())
     width = max(len(k) for k in lines)
     for k, v in lines.items():
         click.echo(f"{k.ljust(width)}  {v}")
+
+
+def _cluster_lines() -> dict[str, str]:
+    """What ``acc_train.cluster`` detects here: the launch keys the environment would fill
+    (a job's config and flags still win over it)."""
+    from acc_train.cluster import detect_cluster
+    from acc_train.errors import UserError
+
+    try:
+        found = detect_cluster(os.environ)
+    except UserError as exc:
+        return {"cluster": "error: " + str(exc).replace("\n", " ")}
+    if found is None:
+        return {"cluster": "none (no Slurm job, no torchrun variables)"}
+    lines = {"cluster": found.kind}
+    for key, value in found.values.items():
+        lines[f"launch.{key}"] = f"{value}  ({found.origins[key]})"
+    return lines

@@ -7,6 +7,7 @@ Only click is imported at module level.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -98,11 +99,14 @@ def merge_parent_params(ctx: click.Context, params: Mapping[str, Any]) -> dict[s
 
 
 def resolve_job(params: Mapping[str, Any], extra_flags: Mapping[str, tuple[Any, str]] | None = None) -> ResolvedJob:
-    """The job the command line describes; says on stderr when the default config file is read.
+    """The job the command line describes, with the launch keys it leaves open taken from the
+    cluster (Slurm, torchrun's variables: ``acc_train.cluster``); says on stderr when the default
+    config file is read and which launch settings came from the cluster.
 
     ``params`` are click's (``FLAG_KEYS`` names, ``config_file``, ``sets``); ``extra_flags``
     maps dotted keys to ``(value, flag)`` for a command's own flags (``plan --model``).
     """
+    from acc_train.cluster import resolve_on_cluster
     from acc_train.config import load_job
 
     flags: dict[str, tuple[Any, str]] = {}
@@ -111,7 +115,12 @@ def resolve_job(params: Mapping[str, Any], extra_flags: Mapping[str, tuple[Any, 
         if given(value):
             flags[dotted] = (list(value) if isinstance(value, tuple) else value, flag_name(name))
     flags.update(extra_flags or {})
-    job = load_job(params.get("config_file"), flags, params.get("sets") or (), use_default_file=True)
+    job, found = resolve_on_cluster(
+        lambda base: load_job(params.get("config_file"), flags, params.get("sets") or (), base=base, use_default_file=True), os.environ
+    )
+    if found is not None and found.origins:  # the launch log says where the launch settings came from
+        settings = ", ".join(f"{key}={found.values[key]} ({origin})" for key, origin in found.origins.items())
+        click.echo(f"launch settings from {found.kind}: {settings}", err=True)
     if job.default_file is not None:
         click.echo(f"using the default config file {job.default_file} (from `acc-train config`; --config FILE reads another)", err=True)
     return job

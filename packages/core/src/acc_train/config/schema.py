@@ -274,6 +274,9 @@ class CheckpointConfig(Section):
 
 
 class LaunchConfig(Section):
+    """How the workers start; keys left unset here fill themselves from Slurm or torchrun's
+    variables (``acc_train.cluster``, docs/cluster.md) before the job is validated."""
+
     #: Processes per machine. Null: one per GPU, or 1 on a machine without GPUs.
     num_processes: int | None = Field(None, ge=1, le=MAX_PROCESSES_PER_MACHINE)
     num_machines: Count = 1
@@ -291,7 +294,10 @@ class LaunchConfig(Section):
     @model_validator(mode="after")
     def _rank_in_range(self) -> LaunchConfig:
         if self.num_machines > 1 and not self.main_process_ip:
-            raise ValueError("with several machines, launch.main_process_ip (--main-process-ip) must name machine 0")
+            raise ValueError(
+                "with several machines, launch.main_process_ip (--main-process-ip) must name machine 0 "
+                "(under Slurm, or with MASTER_ADDR set, it is detected)"
+            )
         if self.machine_rank >= self.num_machines:
             raise ValueError(
                 f"launch.machine_rank ({self.machine_rank}) must be below launch.num_machines ({self.num_machines})"
