@@ -34,6 +34,17 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     )
 
 
+#: every variable acc_train.cluster reads, cleared around each test (a test run inside a Slurm
+#: job or a pod must not see its own cluster)
+CLUSTER_VARS = [
+    *(f"SLURM_{v}" for v in (
+        "JOB_ID", "STEP_ID", "STEPID", "STEP_NUM_NODES", "NNODES", "JOB_NUM_NODES", "NODEID", "STEP_NODELIST", "JOB_NODELIST",
+        "NODELIST", "GPUS_ON_NODE", "GPUS_PER_NODE", "JOB_GPUS", "STEP_TASKS_PER_NODE", "NTASKS_PER_NODE",
+    )),
+    *(f"{p}{v}" for p in ("", "PET_") for v in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")),
+]  # fmt: skip
+
+
 @pytest.fixture(autouse=True)
 def _no_user_default_config(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`acc-train` reads the file `acc-train config` saved when no --config is given; a tester's
@@ -41,6 +52,9 @@ def _no_user_default_config(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: p
     monkeypatch.setenv("ACC_TRAIN_CONFIG_FILE", str(tmp_path_factory.getbasetemp() / "no-default-config.yaml"))
     # tokenized data is cached under the test session's own directory, not the tester's ~/.cache
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+    # a test run inside a Slurm job or a pod must not launch its tests on that cluster
+    for name in CLUSTER_VARS:
+        monkeypatch.delenv(name, raising=False)
 
 
 def read_metrics(out: Path) -> dict[int, MetricsRow]:

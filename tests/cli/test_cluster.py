@@ -22,27 +22,12 @@ from click.testing import CliRunner
 from acc_train_cli.main import cli
 from tests.conftest import REFERENCE_STEPS, ROOT, assert_same_losses, read_metrics, tiny_job_args
 
-#: every variable acc_train.cluster reads, cleared around each test (a test run inside a Slurm
-#: job or a pod must not see its own cluster)
-CLUSTER_VARS = [
-    *(f"SLURM_{v}" for v in (
-        "JOB_ID", "STEP_ID", "STEPID", "STEP_NUM_NODES", "NNODES", "JOB_NUM_NODES", "NODEID", "STEP_NODELIST", "JOB_NODELIST",
-        "NODELIST", "GPUS_ON_NODE", "GPUS_PER_NODE", "JOB_GPUS", "STEP_TASKS_PER_NODE", "NTASKS_PER_NODE",
-    )),
-    *(f"{p}{v}" for p in ("", "PET_") for v in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")),
-]  # fmt: skip
 
 SLURM = {
     "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "4", "SLURM_NODEID": "2",
     "SLURM_STEP_NODELIST": "node[01-03,07]", "SLURM_STEP_TASKS_PER_NODE": "1(x4)", "SLURM_GPUS_ON_NODE": "8",
 }  # fmt: skip
 TORCHRUN = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "4", "MASTER_ADDR": "trainer-0", "MASTER_PORT": "23456"}
-
-
-@pytest.fixture(autouse=True)
-def _no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in CLUSTER_VARS:
-        monkeypatch.delenv(name, raising=False)
 
 
 def _error(env: dict[str, str]) -> UserError:
