@@ -1,0 +1,69 @@
+"""Per-rank model-state bytes of FSDP2 over a mesh (HSDP), measured, against ``acc-train plan``.
+
+Each shape trains the demo Llama through ``acc-train`` on ``--processes`` CPU processes (fp32, 2
+steps, no checkpoints) and reads ``run.json``'s ``per_rank[*].model_state_bytes`` (parameters,
+gradients and optimizer state each rank holds, counted from the live tensors). The plan is
+``acc-train plan --json --mesh ...`` for the same job: its row for that mesh (or the strategy's
+own row for DDP and plain FSDP). The ratio measured/planned is reported per shape (the largest
+rank); the shapes are run one after another in the same session.
+
+Usage: python bench/bench_mesh.py [--processes 4] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+#: label -> (acc-train arguments, the plan row's label, --mesh for the plan)
+SHAPES = {
+    "ddp": (["--strategy", "ddp"], "ddp", None),
+    "fsdp2 (shard=N)": (["--strategy", "fsdp"], "fsdp2", None),
+    "hsdp (replicate=2, shard=N/2)": (["--strategy", "fsdp", "--set", "strategy.dp_replicate=2"], None, "replicate=2"),
+}
+
+
+def acc_train(*args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "acc_train_cli", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"acc-train {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    n = args.processes
+    common = ["--num-processes", str(n), "--mixed-precision", "no", "--max-steps", "2", "--set", "checkpoint.every=0",
+              "--set", "training.progress_bar=false", "--micro-batch-size", "2"]  # fmt: skip
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, (strategy_args, plan_label, mesh) in SHAPES.items():
+            out = Path(tmp) / label.split()[0]
+            acc_train(*common, *strategy_args, "--output-dir", str(out))
+            ranks = json.loads((out / "run.json").read_text())["per_rank"]
+            measured = max(sum(r["model_state_bytes"].values()) for r in ranks)
+            plan_args = ["plan", "--json", "--num-processes", str(n), "--mixed-precision", "no"] + (["--mesh", mesh] if mesh else [])
+            plan = json.loads(acc_train(*plan_args).stdout)
+            if mesh:
+                row = next(r for r in plan["rows"] if r["label"].startswith("fsdp2 mesh"))
+            else:
+                row = next(r for r in plan["rows"] if r["label"] == plan_label)
+            rows.append({"shape": label, "row": row["label"], "measured": measured, "planned": row["model_state"], "ratio": measured / row["model_state"], "formula": row["formula"]})
+    print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}; demo Llama, {n} CPU processes, fp32")
+    print(f"{'shape':32} {'plan row':32} {'measured B':>12} {'planned B':>12} {'ratio':>6}  formula")
+    for r in rows:
+        print(f"{r['shape']:32} {r['row']:32} {r['measured']:12,} {r['planned']:12,} {r['ratio']:6.3f}  {r['formula']}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
