@@ -82,3 +82,31 @@ def test_plan_counts_the_adapters_and_the_frozen_base(tiny_model_dir: Path) -> N
     assert zero3["frozen"] < ddp["frozen"]
     text = run_cli("plan", "--model", str(tiny_model_dir), "--num-processes", "2", "--set", "model.lora.r=4").stdout
     assert "frozen base" in text and "LoRA" in text
+
+
+def test_the_readme_fine_tuning_example_resolves_and_plans(tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    """The README's "Fine-tune a model" config, pointed at the tiny model and data, is a job
+    acc-train resolves (LoRA, fine-tuning defaults, the tracker) and plans."""
+    import re
+
+    import yaml
+
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```yaml\n(# finetune\.yaml:.*?)```", readme, re.S)
+    assert block, "README: the finetune.yaml example is gone"
+    config = yaml.safe_load(block.group(1))
+    config["model"]["name_or_path"] = str(tiny_model_dir)
+    config["data"].update(train_files=[str(tiny_data["train"])], eval_files=[str(tiny_data["eval"])], kind="text")
+    config["output_dir"] = str(tmp_path / "run")
+    path = tmp_path / "finetune.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = run_cli("--config", str(path), "--print-config")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resolved = yaml.safe_load(proc.stdout)
+    assert resolved["model"]["lora"]["r"] == 16 and resolved["optimizer"]["lr"] == 2e-5
+    assert resolved["training"]["tracker"]["project"] == "llama-ft"
+    plan = run_cli("plan", "--config", str(path), "--json", "--num-processes", "2")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert json.loads(plan.stdout)["frozen_parameters"] > 0
