@@ -97,7 +97,10 @@ def _failure_report(exc: Any) -> LaunchFailed:
     if isinstance(message, dict):
         message = message.get("message", json.dumps(message))
     text = str(message or "")
-    if first.exitcode == EXIT_USER_ERROR:
+    # the worker recorded a UserError and exits 2; a process that crashes in native teardown
+    # after recording it (seen under heavy load: SIGBUS/abort at interpreter exit) still failed
+    # on the user's input, and says so with the same exit code
+    if first.exitcode == EXIT_USER_ERROR or text.startswith(("UserError: ", "PluginError: ")):
         return LaunchFailed(EXIT_USER_ERROR, text.removeprefix("UserError: ").removeprefix("PluginError: "))
     trace = ""
     if first.error_file_data:
