@@ -7,6 +7,7 @@ session fixtures and ``xdist_group`` (``--dist loadgroup`` keeps a group on one 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 import os
 import subprocess
 import sys
@@ -150,6 +151,22 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny
     proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "ddp", "--report-to", "tensorboard"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
+
+
+def shared_runs(tmp_path_factory: pytest.TempPathFactory, args_for: Callable[[str, Path], list[str]]) -> Callable[[str], Path]:
+    """Launches made on first use and shared by a module's tests: ``get(name)`` runs
+    ``acc-train *args_for(name, out)`` once (asserting it succeeds) and returns its output dir."""
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            out = tmp_path_factory.mktemp(name) / "run"
+            proc = run_cli(*args_for(name, out))
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            made[name] = out
+        return made[name]
+
+    return get
 
 
 def stopped_copy(run: Path, dest: Path, saved: int, lost: int) -> Path:

@@ -6,12 +6,11 @@ strategy, the command refuses before launch (2 CPU processes over gloo, the tini
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, reference_args, run_cli
+from tests.conftest import read_metrics, reference_args, run_cli, shared_runs
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("optimizers")]
 
@@ -23,29 +22,9 @@ OPTIMIZERS = {
 
 
 @pytest.fixture(scope="module")
-def no_dropout_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-model-no-dropout") / "model"
-    shutil.copytree(tiny_model_dir, path)
-    config = json.loads((path / "config.json").read_text())
-    config["attention_dropout"] = 0.0
-    (path / "config.json").write_text(json.dumps(config))
-    return path
-
-
-@pytest.fixture(scope="module")
 def runs(no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     """Uninterrupted DDP runs, one per optimizer, made on first use and shared."""
-    made: dict[str, Path] = {}
-
-    def get(optimizer: str) -> Path:
-        if optimizer not in made:
-            out = tmp_path_factory.mktemp(f"{optimizer}-ddp") / "run"
-            proc = run_cli(*reference_args(no_dropout_model, tiny_data, out, "--strategy", "ddp", *OPTIMIZERS[optimizer]))
-            assert proc.returncode == 0, proc.stderr[-4000:]
-            made[optimizer] = out
-        return made[optimizer]
-
-    return get
+    return shared_runs(tmp_path_factory, lambda optimizer, out: reference_args(no_dropout_model, tiny_data, out, "--strategy", "ddp", *OPTIMIZERS[optimizer]))
 
 
 @pytest.mark.parametrize(

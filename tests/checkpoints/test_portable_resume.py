@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, reference_args, run_cli
+from tests.conftest import read_metrics, reference_args, run_cli, shared_runs
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("portable")]
 
@@ -27,17 +27,7 @@ SETTINGS = {
 @pytest.fixture(scope="module")
 def runs(no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     """Uninterrupted runs, made on first use and shared by the module's tests."""
-    made: dict[str, Path] = {}
-
-    def get(setting: str) -> Path:
-        if setting not in made:
-            out = tmp_path_factory.mktemp(setting) / "run"
-            proc = run_cli(*reference_args(no_dropout_model, tiny_data, out, *SETTINGS[setting]))
-            assert proc.returncode == 0, proc.stderr[-4000:]
-            made[setting] = out
-        return made[setting]
-
-    return get
+    return shared_runs(tmp_path_factory, lambda setting, out: reference_args(no_dropout_model, tiny_data, out, *SETTINGS[setting]))
 
 
 def _portable_tensors(checkpoint: Path) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, run_cli, stopped_copy, tiny_job_args
+from tests.conftest import read_metrics, run_cli, stopped_copy, tiny_job_args, shared_runs
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("lora")]
 
@@ -34,17 +34,7 @@ def _args(model: Path, data: dict[str, Path], out: Path, *extra: str, lora: tupl
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            out = tmp_path_factory.mktemp(f"lora-{name}") / "run"
-            proc = run_cli(*_args(tiny_model_dir, tiny_data, out, *STRATEGIES[name]))
-            assert proc.returncode == 0, proc.stderr[-4000:]
-            made[name] = out
-        return made[name]
-
-    return get
+    return shared_runs(tmp_path_factory, lambda name, out: _args(tiny_model_dir, tiny_data, out, *STRATEGIES[name]))
 
 
 @pytest.mark.parametrize("name", [n for n in STRATEGIES if n != "ddp"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, run_cli, stopped_copy, tiny_job_args
+from tests.conftest import read_metrics, run_cli, stopped_copy, tiny_job_args, shared_runs
 
 STEPS = 6
 #: the global batch is 8 sequences in every setting, so any of them continues another's data order
@@ -39,17 +39,7 @@ def test_mesh_sizes_must_fit_the_world_before_launch(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def runs(no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    made: dict[str, Path] = {}
-
-    def get(setting: str) -> Path:
-        if setting not in made:
-            out = tmp_path_factory.mktemp(setting) / "run"
-            proc = run_cli(*_args(no_dropout_model, tiny_data, out, setting))
-            assert proc.returncode == 0, proc.stderr[-4000:]
-            made[setting] = out
-        return made[setting]
-
-    return get
+    return shared_runs(tmp_path_factory, lambda setting, out: _args(no_dropout_model, tiny_data, out, setting))
 
 
 @pytest.mark.launch

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
-from acc_train.errors import UserError, closest
+from acc_train.errors import UserError
 from acc_train.optimizer import OptimizerKind
 
 if TYPE_CHECKING:
@@ -21,21 +21,8 @@ def optimizer_kind(name: str) -> OptimizerKind:
     """The optimizer registered as ``name`` (core's and plugins'); an unknown name is an error
     naming the installed ones and the closest."""
     from acc_train.plugins import optimizers
-    from acc_train.plugins.registry import NameConflictError
 
-    registry = optimizers()
-    try:
-        return registry.get(name)
-    except NameConflictError:
-        raise
-    except UserError:
-        names = registry.names()
-        near = closest(name, names)
-        raise UserError(
-            f"unknown optimizer {name!r} (installed optimizers: {', '.join(names) or 'none'})",
-            where="optimizer.name",
-            hint=(f"did you mean {near!r}? " if near else "") + "a plugin adds optimizers through the acc_train_register_optimizers hook",
-        ) from None
+    return optimizers().lookup(name, "optimizer.name")
 
 
 def registered_name(name: str) -> str:

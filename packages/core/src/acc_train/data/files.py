@@ -40,23 +40,9 @@ CHECK_BYTES = 64 * 2**20
 
 def data_kind(cfg: DataConfig) -> DataKind:
     """The kind ``data.kind`` names, from the registered ones (core's and plugins')."""
-    from acc_train.errors import closest
     from acc_train.plugins import data_kinds
-    from acc_train.plugins.registry import NameConflictError
 
-    registry = data_kinds()
-    try:
-        return registry.get(cfg.kind)
-    except NameConflictError:
-        raise
-    except UserError:
-        names = registry.names()
-        near = closest(cfg.kind, names)
-        raise UserError(
-            f"unknown data kind {cfg.kind!r} (installed kinds: {', '.join(names) or 'none'})",
-            where="data.kind",
-            hint=(f"did you mean {near!r}? " if near else "") + "a plugin adds kinds through the acc_train_register_data_kinds hook",
-        ) from None
+    return data_kinds().lookup(cfg.kind, "data.kind")
 
 
 def check_data_files(cfg: DataConfig) -> None:

@@ -141,6 +141,23 @@ class Registry(Generic[T]):
             )
         raise self.not_found(name)
 
+    def lookup(self, name: str, where: str) -> T:
+        """:meth:`get` for a name the user's config gives at ``where``: an unknown name is a
+        UserError naming the installed ones, the closest, and the hook that adds more (a name
+        two plugins claim stays a :class:`NameConflictError`)."""
+        try:
+            return self.get(name)
+        except NameConflictError:
+            raise
+        except UserError:
+            names = self.names()
+            near = closest(name, names)
+            raise UserError(
+                f"unknown {self.kind} {name!r} (installed {self.kind}s: {', '.join(names) or 'none'})",
+                where=where,
+                hint=(f"did you mean {near!r}? " if near else "") + f"a plugin adds {self.kind}s through the {self.hook_name} hook",
+            ) from None
+
     def not_found(self, name: str) -> UserError:
         entries = self._load()
         near = closest(name, entries)
