@@ -284,11 +284,12 @@ class FSDPStrategy(Strategy[FSDPOptions]):
     def _tensor_parallel(accelerator: Any, model: Any) -> None:
         """The model cut by its ``tp_plan`` over the mesh's ``tp`` dimension; every other
         parameter replicated over it (a DTensor too, for clipping and for Accelerate's FSDP2)."""
-        from acc_train_fsdp.tensor_parallel import apply_tp, replicate_rest
+        from acc_train_fsdp.tensor_parallel import apply_tp, let_accelerate_import_replicate_parallel, replicate_rest
 
         tp_mesh = accelerator.torch_device_mesh["tp"]
         apply_tp(model, tp_mesh)
         replicate_rest(model, tp_mesh)
+        let_accelerate_import_replicate_parallel()
 
     def _checkpoint_activations(self, plugin: Any, model: Any) -> None:
         """``activation_checkpointing`` is ``training.gradient_checkpointing``: transformers'

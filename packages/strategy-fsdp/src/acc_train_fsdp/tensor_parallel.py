@@ -13,7 +13,7 @@ from typing import Any
 
 from acc_train.api import UserError
 
-__all__ = ["check_tp_fits", "apply_tp", "replicate_rest"]
+__all__ = ["check_tp_fits", "apply_tp", "replicate_rest", "let_accelerate_import_replicate_parallel"]
 
 #: the model config fields a tensor-parallel plan splits: attention heads over the tp ranks
 HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads")
@@ -78,3 +78,22 @@ def _plain(x: Any) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+
+
+class _NoReplicateParallel:
+    """Stands in for transformers' ``ReplicateParallel``, which Accelerate 1.16 imports to make
+    a tensor-parallel model's whole parameters DTensors before FSDP2 and transformers 5 no longer
+    has: :func:`replicate_rest` has made them DTensors already, so Accelerate never uses it."""
+
+    def __init__(self) -> None:
+        raise RuntimeError("acc-train replicates a tensor-parallel model's whole parameters itself; Accelerate found one left plain")
+
+
+def let_accelerate_import_replicate_parallel() -> None:
+    """Accelerate's FSDP2 x TP preparation imports ``ReplicateParallel`` from
+    ``transformers.integrations.tensor_parallel`` before looking for parameters that need it;
+    without it there (transformers 5), the import fails even when none does."""
+    from transformers.integrations import tensor_parallel
+
+    if not hasattr(tensor_parallel, "ReplicateParallel"):
+        tensor_parallel.ReplicateParallel = _NoReplicateParallel  # type: ignore[attr-defined]
