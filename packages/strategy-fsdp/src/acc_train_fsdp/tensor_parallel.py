@@ -34,8 +34,17 @@ def check_tp_fits(model_config: Any, tp: int) -> None:
 
 def apply_tp(model: Any, tp_mesh: Any) -> None:
     """Shard ``model`` over ``tp_mesh`` with its class's ``tp_plan``, in place."""
+    try:
+        from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+    except ImportError:
+        import transformers
+
+        raise UserError(
+            f"strategy.tp needs transformers' DTensor tensor parallelism (transformers.distributed, 5.x); this is transformers {transformers.__version__}",
+            where="strategy.tp",
+            hint="pip install -U transformers (tested with 5.24), or drop strategy.tp",
+        ) from None
     from transformers.distributed import DistributedConfig
-    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
     tp = tp_mesh.size()
     check_tp_fits(model.config, tp)
