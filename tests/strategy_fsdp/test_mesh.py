@@ -56,6 +56,13 @@ def test_tensor_and_context_parallel_sizes_are_checked_before_launch(tmp_path: P
     assert not out.exists()
 
 
+def test_tp_must_divide_the_models_heads_before_launch(tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, out, "--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=4"))
+    assert proc.returncode == 2 and "strategy.tp" in proc.stderr and "tp: 4 does not divide the model's num_attention_heads (2)" in proc.stderr
+    assert not out.exists()
+
+
 def test_tp_must_divide_the_attention_heads() -> None:
     from transformers import LlamaConfig
 
@@ -144,3 +151,17 @@ def test_a_tensor_parallel_run_resumes_under_ddp(runs, no_dropout_model: Path, t
     ref, got = read_metrics(runs("ddp-4")), read_metrics(resumed)
     for step in range(4, STEPS + 1):
         assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-5), step
+
+
+def test_plan_reads_tp_in_the_mesh_and_divides_the_model_state_by_it() -> None:
+    from acc_train.api import PlanInput, resolve_strategy
+    from acc_train_cli.plan import parse_mesh
+
+    assert parse_mesh("shard=2,tp=2") == {"dp_shard": 2, "tp": 2}
+    psi = 1_000_000
+    plan = resolve_strategy("fsdp", {"version": 2, **parse_mesh("shard=2,tp=2")}).plan_memory(PlanInput(psi, 4, "no"))
+    assert (plan.params, plan.grads, plan.optimizer) == (4 * psi // 4, 4 * psi // 4, 8 * psi // 4)
+    assert "x tp=2" in plan.note
+    hsdp = resolve_strategy("fsdp", {"version": 2, **parse_mesh("replicate=2,tp=2")})
+    with pytest.raises(Exception, match="use dp_shard: 2 instead"):
+        hsdp.plan_memory(PlanInput(psi, 4, "no"))

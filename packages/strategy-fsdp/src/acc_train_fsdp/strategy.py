@@ -55,6 +55,8 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         (torch 2.13), and FSDP1 was not tried with it."""
         if settings.fullgraph:
             return "fullgraph: true does not run under FSDP (its hooks break the graph); set training.compile.fullgraph=false"
+        if self.options.tp not in (None, 1):
+            return "compiling a tensor-parallel model (strategy.tp) was not tried; drop training.compile or strategy.tp"
         return None
 
     def check_environment(self, machine: Machine) -> None:
@@ -71,6 +73,24 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 f"{options.sharding_strategy} shards within a machine and replicates across machines; this run has one machine",
                 where="strategy.sharding_strategy",
                 hint="use full_shard on one machine",
+            )
+
+    def check_model(self, model: Any) -> None:
+        """``tp`` must divide the model's attention heads (query and key/value), and cannot cut
+        a model PEFT has wrapped (:meth:`_tensor_parallel`)."""
+        if self.options.tp not in (None, 1):
+            from acc_train_fsdp.tensor_parallel import check_tp_fits
+
+            self._refuse_adapters(model)
+            check_tp_fits(model.config, self.options.tp)
+
+    @staticmethod
+    def _refuse_adapters(model: Any) -> None:
+        if hasattr(model, "peft_config"):
+            raise UserError(
+                "model.lora with strategy.tp: transformers' tp_plan cuts the base model's layers, which PEFT has wrapped",
+                where="strategy.tp",
+                hint="drop model.lora or strategy.tp",
             )
 
     def mesh_sizes(self, world_size: int) -> dict[str, int] | None:
@@ -124,7 +144,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 hint=f"use dp_shard: {replicate} instead (FSDP x TP), or dp_replicate with dp_shard above 1 (HSDP x TP)",
             )
         if tp > 1 and options.version == 2 and options.cpu_offload:
-            raise UserError("cpu_offload is not combined with tp here", where="strategy.tp", hint="drop cpu_offload or tp")
+            raise UserError("cpu_offload with tp (FSDP x TP offloading) was not tried", where="strategy.tp", hint="drop cpu_offload or tp")
         sizes = {"dp_replicate": replicate, "dp_shard": shard}
         return {**sizes, "tp": tp} if tp > 1 else sizes
 
@@ -286,6 +306,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         parameter replicated over it (a DTensor too, for clipping and for Accelerate's FSDP2)."""
         from acc_train_fsdp.tensor_parallel import apply_tp, let_accelerate_import_replicate_parallel, replicate_rest
 
+        FSDPStrategy._refuse_adapters(model)
         tp_mesh = accelerator.torch_device_mesh["tp"]
         apply_tp(model, tp_mesh)
         replicate_rest(model, tp_mesh)
@@ -366,11 +387,11 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         return {"shape": dict(zip(names, mesh.mesh.shape)), "coordinates": coordinates}
 
     def parameter_shards(self, machine: Machine) -> int:
-        """The world size; the processes per machine under hybrid sharding; ``dp_shard`` on a
-        mesh; 1 under no_shard."""
+        """The world size; the processes per machine under hybrid sharding; ``dp_shard`` x ``tp``
+        on a mesh; 1 under no_shard."""
         mesh = self.mesh_sizes(machine.world_size)
         if mesh is not None:
-            return mesh["dp_shard"]
+            return mesh["dp_shard"] * mesh.get("tp", 1)
         how = self._sharding()
         if how == "no_shard":
             return 1
@@ -404,12 +425,14 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         if how.startswith("hybrid_shard"):  # sharded within a machine, replicated across machines
             n = plan.local_world_size or n
             how = "shard_grad_op" if how == "hybrid_shard_zero2" else "full_shard"
-        mesh = self.mesh_sizes(n) if (options.dp_replicate or options.dp_shard) else None
-        if mesh is not None:  # HSDP: each replica shards over dp_shard processes
-            n = mesh["dp_shard"]
+        mesh = self.mesh_sizes(n) if (options.dp_replicate or options.dp_shard or options.tp) else None
+        if mesh is not None:  # HSDP: each replica shards over dp_shard processes; tp cuts each shard again
+            n = mesh["dp_shard"] * mesh.get("tp", 1)
         offload = {"params": "cpu", "grads": "cpu", "optimizer": "cpu"} if options.cpu_offload else {}
         notes = ["N = processes per machine (hybrid sharding)"] if n != plan.world_size and mesh is None else []
-        if mesh is not None:
+        if mesh is not None and "tp" in mesh:
+            notes.append(f"mesh dp_replicate={mesh['dp_replicate']} x dp_shard={mesh['dp_shard']} x tp={mesh['tp']}: N = dp_shard x tp (norm weights whole on each tp rank)")
+        elif mesh is not None:
             notes.append(f"mesh dp_replicate={mesh['dp_replicate']} x dp_shard={mesh['dp_shard']}: N = dp_shard")
         gathered = 2 if plan.low_precision or plan.low_precision_weights else 4
         if how == "shard_grad_op":
