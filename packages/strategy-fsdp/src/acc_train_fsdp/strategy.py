@@ -173,6 +173,12 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         from acc_train.api import current_machine
 
         on_cpu = current_machine().device_type == "cpu"
+        if job is not None and options.tp not in (None, 1) and job.config.data.streaming:
+            raise UserError(
+                "data.streaming with strategy.tp was not tried (each tp group must read one stream share, and resume it)",
+                where="strategy.tp",
+                hint="drop data.streaming (cached data works with tp) or strategy.tp",
+            )
         if self._pure_tp(current_machine().world_size):  # no FSDP: the mesh alone (on CPU: after_accelerator)
             return {} if on_cpu else {"parallelism_config": self._parallelism_config()}
         ram_efficient = options.cpu_ram_efficient_loading
