@@ -1,6 +1,7 @@
 """FSDP2 over a 2-D mesh (Accelerate's ParallelismConfig): HSDP, dp_replicate x dp_shard = 2 x 2 on
 4 CPU processes over gloo (the tiny model without dropout, so world sizes compare), trains to DDP's losses, records its mesh in run.json, and its
-checkpoints resume under DDP and plain FSDP on 2 processes, and DDP's under HSDP."""
+checkpoints resume under DDP and plain FSDP on 2 processes, and DDP's under HSDP. Tensor parallelism (transformers' tp_plan over the mesh's
+tp dimension): tp = 2 alone on 2 processes and dp_shard x tp = 2 x 2 on 4 train to DDP's losses, and FSDP x TP's checkpoints resume under DDP."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ SETTINGS = {
     "hsdp-2x2": ("--strategy", "fsdp", "--num-processes", "4", "--micro-batch-size", "2", "--set", "strategy.dp_replicate=2"),
     "ddp-2": ("--strategy", "ddp", "--num-processes", "2", "--micro-batch-size", "4"),
     "fsdp-2": ("--strategy", "fsdp", "--num-processes", "2", "--micro-batch-size", "4"),
+    # the ranks of a tp group read the same batches: 1 and 2 data-parallel ranks
+    "tp-2": ("--strategy", "fsdp", "--num-processes", "2", "--micro-batch-size", "8", "--set", "strategy.tp=2"),
+    "fsdp-tp-2x2": ("--strategy", "fsdp", "--num-processes", "4", "--micro-batch-size", "4", "--set", "strategy.dp_shard=2", "--set", "strategy.tp=2"),
 }
 
 
@@ -35,6 +39,40 @@ def test_mesh_sizes_must_fit_the_world_before_launch(tmp_path: Path) -> None:
     proc = run_cli("--strategy", "fsdp1", "--set", "strategy.dp_replicate=2", "--output-dir", str(out))
     assert proc.returncode == 2 and "FSDP2 option" in proc.stderr
     assert not out.exists()
+
+
+def test_tensor_and_context_parallel_sizes_are_checked_before_launch(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_cli("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=3", "--output-dir", str(out))
+    assert proc.returncode == 2 and "strategy.tp" in proc.stderr and "tp: 3 does not divide the world size (4 processes)" in proc.stderr
+    proc = run_cli("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=2", "--set", "strategy.dp_shard=4", "--output-dir", str(out))
+    assert proc.returncode == 2 and "dp_shard: 4 does not divide the world size / tp (4 / 2 = 2)" in proc.stderr
+    proc = run_cli("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=2", "--set", "strategy.dp_replicate=2", "--output-dir", str(out))
+    assert proc.returncode == 2 and "strategy.dp_replicate" in proc.stderr and "use dp_shard: 2 instead" in proc.stderr
+    proc = run_cli("--strategy", "fsdp", "--num-processes", "2", "--set", "strategy.cp=2", "--output-dir", str(out))
+    assert proc.returncode == 2 and "strategy.cp" in proc.stderr and "CUDA only" in proc.stderr
+    proc = run_cli("--strategy", "fsdp1", "--set", "strategy.tp=2", "--output-dir", str(out))
+    assert proc.returncode == 2 and "FSDP2 option" in proc.stderr
+    assert not out.exists()
+
+
+def test_tp_must_divide_the_models_heads_before_launch(tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, out, "--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=4"))
+    assert proc.returncode == 2 and "strategy.tp" in proc.stderr and "tp: 4 does not divide the model's num_attention_heads (2)" in proc.stderr
+    assert not out.exists()
+
+
+def test_tp_must_divide_the_attention_heads() -> None:
+    from transformers import LlamaConfig
+
+    from acc_train.api import UserError
+    from acc_train_fsdp.tensor_parallel import check_tp_fits
+
+    check_tp_fits(LlamaConfig(num_attention_heads=4, num_key_value_heads=2), 2)
+    with pytest.raises(UserError) as caught:
+        check_tp_fits(LlamaConfig(num_attention_heads=4, num_key_value_heads=1, hidden_size=64), 2)
+    assert caught.value.where == "strategy.tp" and "num_key_value_heads (1)" in str(caught.value)
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +109,49 @@ def test_a_mesh_run_resumes_across_mesh_and_strategy(runs, writer: str, reader: 
     ref, got = read_metrics(runs("ddp-4")), read_metrics(resumed)
     for step in range(4, STEPS + 1):
         assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-5), step
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("mesh")
+@pytest.mark.parametrize(
+    ("setting", "shape", "elements"),
+    [("tp-2", {"tp": 2}, 2), ("fsdp-tp-2x2", {"dp_shard": 2, "tp": 2}, 4)],
+)
+def test_tensor_parallel_trains_to_ddps_losses_and_records_its_mesh(runs, setting: str, shape: dict[str, int], elements: int) -> None:
+    ref, got = read_metrics(runs("ddp-4")), read_metrics(runs(setting))
+    assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
+    for step in ref:
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-5), step
+    summary = json.loads((runs(setting) / "run.json").read_text())
+    assert summary["mesh"]["shape"] == shape
+    for rank, coordinates in summary["mesh"]["coordinates"].items():
+        assert coordinates["tp"] == int(rank) % 2  # tp is the innermost dimension: ranks 0 and 1 are one tp group
+    assert summary["distributed_type"].endswith("MULTI_CPU" if setting == "tp-2" else "FSDP")
+    whole = summary["model_parameters"]
+    for rank in summary["per_rank"]:  # cut over the mesh's processes, the norms' few weights whole on each tp rank
+        assert whole / elements <= rank["param_elements"] <= whole / elements + 3 * 32
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("mesh")
+def test_a_tensor_parallel_run_resumes_under_ddp(runs, no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    resumed = stopped_copy(runs("fsdp-tp-2x2"), tmp_path / "resumed", saved=3, lost=6)
+    proc = run_cli(*_args(no_dropout_model, tiny_data, resumed, "ddp-2", "--resume", "latest"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref, got = read_metrics(runs("ddp-4")), read_metrics(resumed)
+    for step in range(4, STEPS + 1):
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-5), step
+
+
+def test_plan_reads_tp_in_the_mesh_and_divides_the_model_state_by_it() -> None:
+    from acc_train.api import PlanInput, resolve_strategy
+    from acc_train_cli.plan import parse_mesh
+
+    assert parse_mesh("shard=2,tp=2") == {"dp_shard": 2, "tp": 2}
+    psi = 1_000_000
+    plan = resolve_strategy("fsdp", {"version": 2, **parse_mesh("shard=2,tp=2")}).plan_memory(PlanInput(psi, 4, "no"))
+    assert (plan.params, plan.grads, plan.optimizer) == (4 * psi // 4, 4 * psi // 4, 8 * psi // 4)
+    assert "x tp=2" in plan.note
+    hsdp = resolve_strategy("fsdp", {"version": 2, **parse_mesh("replicate=2,tp=2")})
+    with pytest.raises(Exception, match="use dp_shard: 2 instead"):
+        hsdp.plan_memory(PlanInput(psi, 4, "no"))

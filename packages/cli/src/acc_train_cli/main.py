@@ -73,7 +73,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_attn_implementation(cfg.model, current_machine().device_type)
     _check_strategy_fits(job)
     check_data_files(cfg.data)
-    data_kind(cfg.data).check_tokenizer(check_model_builds(cfg), cfg.data)
+    data_kind(cfg.data).check_tokenizer(check_model_builds(cfg, job.strategy), cfg.data)
     world = (cfg.launch.num_processes or default_num_processes()) * cfg.launch.num_machines
     check_optimizer(job, Machine(current_machine().device_type, world, cfg.launch.num_machines))
     if cfg.launch.machine_rank == 0:  # the run's files belong to machine 0

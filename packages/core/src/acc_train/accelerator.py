@@ -110,13 +110,27 @@ class Accelerator(accelerate.Accelerator):
                 "refusing to train under a strategy that was not asked for"
             )
 
+    @property
+    def batch_replicas(self) -> int:
+        """Processes that read the same batches: a tensor- or context-parallel group of the
+        strategy's mesh (1 without one). Counts summed over all ranks count its batches this often."""
+        config = self.parallelism_config
+        return config.non_data_parallel_size if config is not None else 1
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Processes that read different batches: the world size over :attr:`batch_replicas`."""
+        return self.num_processes // self.batch_replicas
+
     def _before_prepare(self, objects: tuple[Any, ...]) -> None:
         import torch
 
         for obj in objects:
             if isinstance(obj, torch.nn.Module) and id(obj) not in self._acc_prepared:
                 self._acc_prepared.add(id(obj))
+                before = dict(obj.named_parameters())
                 self.acc_strategy.before_prepare(self, obj)
+                _follow_new_parameters(objects, before, dict(obj.named_parameters()))
 
     def prepare(self, *args: Any, **kwargs: Any) -> Any:
         self._before_prepare(args)
@@ -145,3 +159,17 @@ class Accelerator(accelerate.Accelerator):
     def prepare_model(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         self._before_prepare((model,))
         return super().prepare_model(model, *args, **kwargs)
+
+
+def _follow_new_parameters(objects: tuple[Any, ...], before: dict[str, Any], after: dict[str, Any]) -> None:
+    """Point the optimizers among ``objects`` at the parameters a strategy's ``before_prepare``
+    put in the old ones' places (tensor parallelism makes new DTensor parameters)."""
+    import torch
+
+    moved = {id(old): after[name] for name, old in before.items() if name in after and after[name] is not old}
+    if not moved:
+        return
+    for obj in objects:
+        if isinstance(obj, torch.optim.Optimizer):
+            for group in obj.param_groups:
+                group["params"] = [moved.get(id(p), p) for p in group["params"]]

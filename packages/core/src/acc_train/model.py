@@ -152,11 +152,14 @@ def meta_model(config: JobConfig) -> tuple[Any, Any]:
     return apply_lora(model, config), mcfg
 
 
-def check_model_builds(config: JobConfig) -> Any | None:
-    """Fail before launch on a model config transformers rejects or cannot build, or a
-    tokenizer it cannot load; the tokenizer (None: byte level), for the data's checks."""
+def check_model_builds(config: JobConfig, strategy: Any = None) -> Any | None:
+    """Fail before launch on a model config transformers rejects or cannot build, one the
+    ``strategy`` cannot split, or a tokenizer it cannot load; the tokenizer (None: byte level),
+    for the data's checks."""
     model, _ = meta_model(config)
     _check_model_takes_attn(model, config.model)
+    if strategy is not None:
+        strategy.check_model(model)
     return load_tokenizer(config.model)
 
 

@@ -127,6 +127,10 @@ class Strategy(ABC, Generic[OptionsT]):
         """Raise :class:`acc_train.UserError` with a hint when this strategy cannot run on
         ``machine`` as configured. A strategy never silently becomes another."""
 
+    def check_model(self, model: Any) -> None:
+        """Raise :class:`acc_train.UserError` when this strategy as configured cannot split
+        ``model`` (built on the meta device before launch, e.g. heads a tensor-parallel size must divide)."""
+
     @abstractmethod
     def accelerator_kwargs(self, job: ResolvedJob | None) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator(...)``: plugins and kwargs handlers

@@ -41,6 +41,8 @@ V2_ONLY = {
     "reshard_after_forward": "reshard_after_forward (use sharding_strategy under FSDP1)",
     "dp_replicate": "dp_replicate (use sharding_strategy: hybrid_shard under FSDP1)",
     "dp_shard": "dp_shard",
+    "tp": "tp (tensor parallelism)",
+    "cp": "cp (context parallelism)",
 }
 
 
@@ -82,6 +84,13 @@ class FSDPOptions(StrategyOptions):
     #: Unset: every process shards the model (plain FSDP).
     dp_replicate: int | None = Field(None, ge=1)
     dp_shard: int | None = Field(None, ge=1)
+    #: FSDP2 mesh: tensor-parallel size, transformers' ``tp_plan`` of the model over ``tp``
+    #: processes that read the same batches (innermost mesh dimension); dp_replicate x dp_shard
+    #: x tp is the world size. ``tp`` alone (dp_shard 1) is pure tensor parallelism, no FSDP.
+    tp: int | None = Field(None, ge=1)
+    #: FSDP2 mesh: context-parallel size; refused (acc-train's loop does not run torch's
+    #: ``context_parallel``, which is CUDA only).
+    cp: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _version_specific(self) -> FSDPOptions:

@@ -55,6 +55,8 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         (torch 2.13), and FSDP1 was not tried with it."""
         if settings.fullgraph:
             return "fullgraph: true does not run under FSDP (its hooks break the graph); set training.compile.fullgraph=false"
+        if self.options.tp not in (None, 1):
+            return "compiling a tensor-parallel model (strategy.tp) was not tried; drop training.compile or strategy.tp"
         return None
 
     def check_environment(self, machine: Machine) -> None:
@@ -73,31 +75,84 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 hint="use full_shard on one machine",
             )
 
-    def mesh_sizes(self, world_size: int) -> dict[str, int] | None:
-        """``{"dp_replicate": R, "dp_shard": S}`` for a run of ``world_size`` processes when the
-        options ask for a mesh (an unset size is the world size divided by the other); None for
-        plain FSDP. Sizes whose product is not the world size are a UserError naming the option."""
-        options = self.options
-        replicate, shard = options.dp_replicate, options.dp_shard
-        if replicate is None and shard is None:
-            return None
-        if replicate is None or shard is None:
-            given, size = ("dp_replicate", replicate) if shard is None else ("dp_shard", shard)
-            if world_size % size:  # type: ignore[operator]
-                raise UserError(
-                    f"{given}: {size} does not divide the world size ({world_size} processes)",
-                    where=f"strategy.{given}",
-                    hint=f"choose a divisor of {world_size}, or change --num-processes / --num-machines",
-                )
-            other = world_size // size  # type: ignore[operator]
-            replicate, shard = (size, other) if shard is None else (other, size)
-        if replicate * shard != world_size:
+    def check_model(self, model: Any) -> None:
+        """``tp`` must divide the model's attention heads (query and key/value), and cannot cut
+        a model PEFT has wrapped (:meth:`_tensor_parallel`)."""
+        if self.options.tp not in (None, 1):
+            from acc_train_fsdp.tensor_parallel import check_tp_fits
+
+            self._refuse_adapters(model)
+            check_tp_fits(model.config, self.options.tp)
+
+    @staticmethod
+    def _refuse_adapters(model: Any) -> None:
+        if hasattr(model, "peft_config"):
             raise UserError(
-                f"dp_replicate x dp_shard = {replicate} x {shard} = {replicate * shard}, and the run has {world_size} processes",
+                "model.lora with strategy.tp: transformers' tp_plan cuts the base model's layers, which PEFT has wrapped",
+                where="strategy.tp",
+                hint="drop model.lora or strategy.tp",
+            )
+
+    def mesh_sizes(self, world_size: int) -> dict[str, int] | None:
+        """``{"dp_replicate": R, "dp_shard": S}`` (and ``"tp": T`` when ``tp`` is above 1) for a run
+        of ``world_size`` processes when the options ask for a mesh (an unset data-parallel size is
+        the world size divided by tp and the other); None for plain FSDP. Sizes whose product is
+        not the world size, and combinations that cannot run, are a UserError naming the option."""
+        options = self.options
+        replicate, shard, tp = options.dp_replicate, options.dp_shard, options.tp or 1
+        if options.cp not in (None, 1):
+            raise UserError(
+                f"cp: {options.cp} asks for context parallelism, which acc-train does not run: torch's context_parallel is "
+                "CUDA only (no CPU/gloo), and the training loop does not enter Accelerate's context-parallel forward",
+                where="strategy.cp",
+                hint="drop strategy.cp (or set it to 1)",
+            )
+        if replicate is None and shard is None and tp == 1:
+            return None
+        if world_size % tp:
+            raise UserError(
+                f"tp: {tp} does not divide the world size ({world_size} processes)",
+                where="strategy.tp",
+                hint=f"choose a divisor of {world_size}, or change --num-processes / --num-machines",
+            )
+        data = world_size // tp  # processes that read different batches
+        per = f"the world size / tp ({world_size} / {tp} = {data})" if tp > 1 else f"the world size ({world_size} processes)"
+        if replicate is None and shard is None:
+            replicate, shard = 1, data
+        elif replicate is None or shard is None:
+            given, size = ("dp_replicate", replicate) if shard is None else ("dp_shard", shard)
+            if data % size:  # type: ignore[operator]
+                raise UserError(
+                    f"{given}: {size} does not divide {per}",
+                    where=f"strategy.{given}",
+                    hint=f"choose a divisor of {data}, or change --num-processes / --num-machines",
+                )
+            other = data // size  # type: ignore[operator]
+            replicate, shard = (size, other) if shard is None else (other, size)
+        if replicate * shard * tp != world_size:
+            names, sizes = ("dp_replicate x dp_shard", f"{replicate} x {shard}") if tp == 1 else ("dp_replicate x dp_shard x tp", f"{replicate} x {shard} x {tp}")
+            raise UserError(
+                f"{names} = {sizes} = {replicate * shard * tp}, and the run has {world_size} processes",
                 where="strategy.dp_replicate",
                 hint=f"make the product {world_size} (processes per machine x machines), or set only one of them",
             )
-        return {"dp_replicate": replicate, "dp_shard": shard}
+        if tp > 1 and replicate > 1 and shard == 1:
+            raise UserError(
+                "dp_replicate above 1 with tp and no dp_shard replicates tensor-parallel models without syncing their "
+                "gradients (Accelerate wraps no DDP around a tensor-parallel model)",
+                where="strategy.dp_replicate",
+                hint=f"use dp_shard: {replicate} instead (FSDP x TP), or dp_replicate with dp_shard above 1 (HSDP x TP)",
+            )
+        if tp > 1 and options.version == 2 and options.cpu_offload:
+            raise UserError("cpu_offload with tp (FSDP x TP offloading) was not tried", where="strategy.tp", hint="drop cpu_offload or tp")
+        sizes = {"dp_replicate": replicate, "dp_shard": shard}
+        return {**sizes, "tp": tp} if tp > 1 else sizes
+
+    def _pure_tp(self, world_size: int) -> bool:
+        """Tensor parallelism alone (``tp`` is the world size): no FSDP, Accelerate's plain
+        multi-process type with the mesh (Accelerate refuses FSDP with nothing to shard over)."""
+        sizes = self.mesh_sizes(world_size)
+        return sizes is not None and sizes.get("tp", 1) > 1 and sizes["dp_replicate"] == sizes["dp_shard"] == 1
 
     def _parallelism_config(self) -> Any:
         """Accelerate's ``ParallelismConfig`` for the mesh options (None without them)."""
@@ -108,7 +163,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             return None
         from accelerate.parallelism_config import ParallelismConfig
 
-        return ParallelismConfig(dp_replicate_size=sizes["dp_replicate"], dp_shard_size=sizes["dp_shard"])
+        return ParallelismConfig(dp_replicate_size=sizes["dp_replicate"], dp_shard_size=sizes["dp_shard"], tp_size=sizes.get("tp", 1))
 
     def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         import torch
@@ -118,6 +173,14 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         from acc_train.api import current_machine
 
         on_cpu = current_machine().device_type == "cpu"
+        if job is not None and options.tp not in (None, 1) and job.config.data.streaming:
+            raise UserError(
+                "data.streaming with strategy.tp was not tried (each tp group must read one stream share, and resume it)",
+                where="strategy.tp",
+                hint="drop data.streaming (cached data works with tp) or strategy.tp",
+            )
+        if self._pure_tp(current_machine().world_size):  # no FSDP: the mesh alone (on CPU: after_accelerator)
+            return {} if on_cpu else {"parallelism_config": self._parallelism_config()}
         ram_efficient = options.cpu_ram_efficient_loading
         if ram_efficient and job is not None and job.config.model.name_or_path is None:
             warn_once_per_machine("strategy.cpu_ram_efficient_loading has no effect on the demo model (nothing is loaded from disk)")
@@ -180,6 +243,13 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             return
         from acc_train.api import run_sharded_on_cpu
 
+        if self._pure_tp(accelerator.num_processes):
+            # stays MULTI_CPU, with the mesh Accelerate builds on GPUs (its validation names GPU types
+            # only; mesh_sizes checked the sizes): Accelerate wraps no DDP around a tensor-parallel model
+            mesh = self._parallelism_config()
+            accelerator.state.parallelism_config = mesh
+            accelerator.state.device_mesh = mesh.get_device_mesh("cpu")
+            return
         plugin = accelerator.acc_kwargs["fsdp_plugin"]
         if accelerator.mixed_precision != "no":
             plugin.set_mixed_precision(accelerator.mixed_precision)
@@ -192,6 +262,8 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         mesh._validate_accelerator(accelerator)
 
     def expected_distributed_types(self, machine: Machine) -> set[str]:
+        if self._pure_tp(machine.world_size):  # tensor parallelism alone is Accelerate's plain multi-process type
+            return super().expected_distributed_types(machine)
         return {"FSDP"}
 
     def before_prepare(self, accelerator: Any, model: Any) -> None:
@@ -203,6 +275,10 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         from acc_train_fsdp.policies import layer_class_names
 
         options = self.options
+        if options.tp not in (None, 1):
+            self._tensor_parallel(accelerator, model)
+            if self._pure_tp(accelerator.num_processes):  # tensor parallelism alone
+                return
         plugin = accelerator.state.fsdp_plugin
         self._checkpoint_activations(plugin, model)
         policy = wrap_policies().get(options.auto_wrap_policy)
@@ -229,6 +305,18 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                     )
                 plugin.transformer_cls_names_to_wrap = sorted(c.__name__ for c in chosen)
                 plugin.auto_wrap_policy = transformer_auto_wrap_policy if chosen else None
+
+    @staticmethod
+    def _tensor_parallel(accelerator: Any, model: Any) -> None:
+        """The model cut by its ``tp_plan`` over the mesh's ``tp`` dimension; every other
+        parameter replicated over it (a DTensor too, for clipping and for Accelerate's FSDP2)."""
+        from acc_train_fsdp.tensor_parallel import apply_tp, let_accelerate_import_replicate_parallel, replicate_rest
+
+        FSDPStrategy._refuse_adapters(model)
+        tp_mesh = accelerator.torch_device_mesh["tp"]
+        apply_tp(model, tp_mesh)
+        replicate_rest(model, tp_mesh)
+        let_accelerate_import_replicate_parallel()
 
     def _checkpoint_activations(self, plugin: Any, model: Any) -> None:
         """``activation_checkpointing`` is ``training.gradient_checkpointing``: transformers'
@@ -305,11 +393,11 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         return {"shape": dict(zip(names, mesh.mesh.shape)), "coordinates": coordinates}
 
     def parameter_shards(self, machine: Machine) -> int:
-        """The world size; the processes per machine under hybrid sharding; ``dp_shard`` on a
-        mesh; 1 under no_shard."""
+        """The world size; the processes per machine under hybrid sharding; ``dp_shard`` x ``tp``
+        on a mesh; 1 under no_shard."""
         mesh = self.mesh_sizes(machine.world_size)
         if mesh is not None:
-            return mesh["dp_shard"]
+            return mesh["dp_shard"] * mesh.get("tp", 1)
         how = self._sharding()
         if how == "no_shard":
             return 1
@@ -343,12 +431,14 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         if how.startswith("hybrid_shard"):  # sharded within a machine, replicated across machines
             n = plan.local_world_size or n
             how = "shard_grad_op" if how == "hybrid_shard_zero2" else "full_shard"
-        mesh = self.mesh_sizes(n) if (options.dp_replicate or options.dp_shard) else None
-        if mesh is not None:  # HSDP: each replica shards over dp_shard processes
-            n = mesh["dp_shard"]
+        mesh = self.mesh_sizes(n) if (options.dp_replicate or options.dp_shard or options.tp) else None
+        if mesh is not None:  # HSDP: each replica shards over dp_shard processes; tp cuts each shard again
+            n = mesh["dp_shard"] * mesh.get("tp", 1)
         offload = {"params": "cpu", "grads": "cpu", "optimizer": "cpu"} if options.cpu_offload else {}
         notes = ["N = processes per machine (hybrid sharding)"] if n != plan.world_size and mesh is None else []
-        if mesh is not None:
+        if mesh is not None and "tp" in mesh:
+            notes.append(f"mesh dp_replicate={mesh['dp_replicate']} x dp_shard={mesh['dp_shard']} x tp={mesh['tp']}: N = dp_shard x tp (norm weights whole on each tp rank)")
+        elif mesh is not None:
             notes.append(f"mesh dp_replicate={mesh['dp_replicate']} x dp_shard={mesh['dp_shard']}: N = dp_shard")
         gathered = 2 if plan.low_precision or plan.low_precision_weights else 4
         if how == "shard_grad_op":

@@ -94,7 +94,7 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
     machine = accelerator.acc_machine
     t_cfg = job.config.training
     per_rank, model_elements = _per_rank(run)  # first: the peak memory of training, before anything else is loaded
-    tokens_per_step = t_cfg.micro_batch_size * job.config.data.seq_len * t_cfg.gradient_accumulation_steps * accelerator.num_processes
+    tokens_per_step = t_cfg.micro_batch_size * job.config.data.seq_len * t_cfg.gradient_accumulation_steps * accelerator.data_parallel_size
     tokens_run = (state.step - result.start_step) * tokens_per_step
     times, blocked, overlap = result.step_times, result.checkpoint_blocked_s, result.checkpoint_overlap_s
     return {

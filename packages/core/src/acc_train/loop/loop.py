@@ -89,7 +89,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     accelerator, model, optimizer, scheduler = run.accelerator, run.model, run.optimizer, inputs.scheduler
     cfg = run.job.config
     t_cfg = cfg.training
-    world = accelerator.num_processes
+    world = accelerator.data_parallel_size
     tokens_per_step = t_cfg.micro_batch_size * cfg.data.seq_len * t_cfg.gradient_accumulation_steps * world
     result = LoopResult(start_step=state.step)
     elapsed_before = state.elapsed_s  # training time of the runs this one resumes
@@ -143,7 +143,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
             metrics: dict[str, Any] = {"step": state.step, "epoch": state.epoch}
             last = state.step >= run.max_steps
             if state.step % t_cfg.log_every == 0 or last:
-                mean_loss = accelerator.reduce(loss_sum, reduction="sum")  # the shares of the step's per-token mean
+                mean_loss = accelerator.reduce(loss_sum, reduction="sum") / accelerator.batch_replicas  # the shares of the step's per-token mean
                 result.last_loss = float(mean_loss.item())
                 result.best_loss = result.last_loss if result.best_loss is None else min(result.best_loss, result.last_loss)
                 metrics.update(

@@ -43,7 +43,7 @@ def step_windows(batches: Iterable[dict[str, Any]], accumulation: int, accelerat
 
 def _with_total(window: list[dict[str, Any]], accelerator: Any, torch: Any) -> Iterator[tuple[dict[str, Any], int]]:
     local = torch.stack([_counted(b) for b in window]).sum().to(accelerator.device)
-    total = int(accelerator.reduce(local, reduction="sum").item())
+    total = int(accelerator.reduce(local, reduction="sum").item()) // accelerator.batch_replicas  # a tp group's ranks read one batch
     for batch in window:
         yield batch, max(total, 1)
 

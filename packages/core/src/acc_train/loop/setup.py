@@ -109,7 +109,7 @@ def load_data(job: ResolvedJob, accelerator: Accelerator) -> TrainData:
 
     cfg = job.config
     t_cfg = cfg.training
-    world, mbs, gas = accelerator.num_processes, t_cfg.micro_batch_size, t_cfg.gradient_accumulation_steps
+    world, mbs, gas = accelerator.data_parallel_size, t_cfg.micro_batch_size, t_cfg.gradient_accumulation_steps
     tokenizer = load_tokenizer(cfg.model)
     if cfg.data.streaming:
         return _streamed(job, accelerator, tokenizer)
@@ -155,14 +155,14 @@ def _streamed(job: ResolvedJob, accelerator: Accelerator, tokenizer: Any) -> Tra
     if not d.train_files or cfg.max_steps is None:  # the config's own check says so before launch
         raise UserError("data.streaming needs data.train_files and training.max_steps", where="data.streaming", hint="set both, or data.streaming=false")
     kind = data_kind(d)
-    stream = StreamRows(d.train_files, "data.train_files", d, kind, tokenizer, accelerator.process_index, accelerator.num_processes, t.seed, d.shuffle)
+    stream = StreamRows(d.train_files, "data.train_files", d, kind, tokenizer, accelerator.process_index // accelerator.batch_replicas, accelerator.data_parallel_size, t.seed, d.shuffle)
     collate = Collate(d.seq_len, stream.packing, _pad_id(tokenizer))
     # its own generator, as the cached loader's: starting the iterator on resume must not draw from the global RNG
     loader = DataLoader(stream, batch_size=t.micro_batch_size, collate_fn=collate, generator=torch.Generator())
     train_dl = DeviceBatches(loader, accelerator.device)
     eval_dl = None
     if d.eval_files:
-        rows = first_rows(d.eval_files, "data.eval_files", d, kind, tokenizer, t.eval_batches * accelerator.num_processes * t.micro_batch_size)
+        rows = first_rows(d.eval_files, "data.eval_files", d, kind, tokenizer, t.eval_batches * accelerator.data_parallel_size * t.micro_batch_size)
         eval_dl = DataLoader(rows, batch_size=t.micro_batch_size, shuffle=False, collate_fn=collate, generator=torch.Generator())
     # no epochs: batches_per_epoch is never reached, and the vocabulary is checked as tokens come
     return TrainData(tokenizer, None, train_dl, eval_dl, 0, sys.maxsize, cfg.max_steps, -1, StreamedData(kind.name, stream.packing, stream), stream)
@@ -273,7 +273,7 @@ def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltM
     # the data order is a function of these alone: processes, micro-batch size and
     # accumulation may change on resume as long as their product does not
     signature = {
-        "global_batch": accelerator.num_processes * t_cfg.micro_batch_size * t_cfg.gradient_accumulation_steps,
+        "global_batch": accelerator.data_parallel_size * t_cfg.micro_batch_size * t_cfg.gradient_accumulation_steps,
         "seed": t_cfg.seed,
         "shuffle": cfg.data.shuffle,
         "seq_len": cfg.data.seq_len,
@@ -325,7 +325,7 @@ def resume(job: ResolvedJob, manager: CheckpointManager, prepared: Prepared, max
         if not state.stream or len(state.stream) != stream.world_size:
             raise UserError(f"checkpoint {str(path)!r} holds no stream position for {stream.world_size} processes", where="--resume", hint="a checkpoint of a cached run resumes with data.streaming=false")
         stream.load_state_dict(state.stream[stream.rank])
-    per_batch = manager.accelerator.num_processes * cfg.training.micro_batch_size
+    per_batch = manager.accelerator.data_parallel_size * cfg.training.micro_batch_size
     state.batches_in_epoch = state.samples_in_epoch // per_batch  # in this run's micro-batches
     if state.step >= max_steps:
         raise UserError(
