@@ -7,6 +7,7 @@ torch or accelerate.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -94,12 +95,16 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
         )
     finally:
         os.unlink(config_path)
+        with contextlib.suppress(FileNotFoundError):  # left by the workers once they claimed the run
+            os.unlink(f"{config_path}.claimed")
     if cfg.launch.machine_rank == 0:
         summary_path = os.path.join(cfg.output_dir, "run.json")
         if os.path.isfile(summary_path):
             with open(summary_path) as f:
                 s = json.load(f)
             loss = s.get("final_loss")
+            if s.get("restarts"):
+                click.echo(f"elastic: the workers were restarted {s['restarts']} time(s); the last attempt resumed from {s.get('resumed_from') or 'no checkpoint (step 0)'}")
             click.echo(
                 f"done: {s['steps']} steps under {s['strategy']} ({s['distributed_type']}, world size {s['world_size']}), "
                 f"final loss {loss:.4f}, {s['tokens_per_s'] or 0:.0f} tokens/s -> {cfg.output_dir}"

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 
 from acc_train.errors import UserError, closest
 
-__all__ = ["ENV_FAULT", "FAULT_POINTS", "Fault", "parse_fault", "check_fault_env", "fault_point"]
+__all__ = ["ENV_FAULT", "ENV_FAULT_SIGNAL", "FAULT_POINTS", "Fault", "parse_fault", "check_fault_env", "fault_point"]
 
 ENV_FAULT = "ACC_TRAIN_FAULT"
+#: the signal the process sends itself there (default SIGKILL; SIGSTOP: it hangs, as a machine that stops answering)
+ENV_FAULT_SIGNAL = "ACC_TRAIN_FAULT_SIGNAL"
 
 #: every point the code calls :func:`fault_point` with, in the order a run reaches them
 FAULT_POINTS = (
@@ -87,4 +89,4 @@ def fault_point(name: str, step: int) -> None:
     if fault.point == name and fault.step in (None, step) and fault.rank in (None, int(os.environ.get("RANK", "0"))):
         import signal
 
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.Signals[os.environ.get(ENV_FAULT_SIGNAL) or "SIGKILL"])
