@@ -19,9 +19,36 @@ import pytest
 
 from tests.conftest import assert_same_losses, read_metrics, reference_args, run_cli, tiny_job_args
 
-pytestmark = [pytest.mark.launch]
 
 
+def test_a_launch_that_claimed_the_run_continues_it_even_under_overwrite(tmp_path: Path) -> None:
+    """The claim marker next to the launch's config (left once its workers claimed the output
+    directory) says a later attempt of the same launch, restarted or re-rendezvoused, continues
+    the run --overwrite started, whatever the clocks say of config.yaml."""
+    import os
+
+    from acc_train.config import load_job
+    from acc_train.trainer import claimed_marker, restart_resumes
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("the old run's\n")
+    os.utime(out / "config.yaml", ns=(1, 1))  # older than the launch: the checks were never passed
+    launched = tmp_path / "launched.yaml"
+    launched.write_text("this run's\n")
+    job = load_job(flags={"output_dir": (str(out), "--output-dir"), "overwrite": (True, "--overwrite")})
+    assert not restart_resumes(job, str(launched))
+    claimed_marker(str(launched)).touch()
+    assert restart_resumes(job, str(launched))
+
+
+def test_a_bad_fault_signal_is_refused_naming_the_variable(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
+    """Before any worker starts, as a bad ACC_TRAIN_FAULT is."""
+    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, tmp_path / "run", "--max-steps", "1"), env={"ACC_TRAIN_FAULT": "train-step", "ACC_TRAIN_FAULT_SIGNAL": "SIGSTP"})
+    assert proc.returncode == 2 and "ACC_TRAIN_FAULT_SIGNAL='SIGSTP' is not a signal name" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.launch
 @pytest.mark.xdist_group("reference-runs")
 def test_a_restart_after_a_checkpoint_continues_from_it_with_the_losses_of_an_uninterrupted_run(
     ddp_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]
@@ -39,6 +66,7 @@ def test_a_restart_after_a_checkpoint_continues_from_it_with_the_losses_of_an_un
     assert_same_losses(read_metrics(out), read_metrics(ddp_run))
 
 
+@pytest.mark.launch
 def test_a_restart_before_the_first_checkpoint_starts_the_run_again(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
     """Killed at step 2, before any checkpoint: the restarted worker starts at step 0 in the
     directory its first attempt claimed (its config.yaml and metrics.jsonl), without refusing it."""
@@ -91,6 +119,7 @@ def _wait_for_checkpoint(latest: Path, step: int, procs: list[subprocess.Popen[s
         time.sleep(0.05)
 
 
+@pytest.mark.launch
 @pytest.mark.xdist_group("reference-runs")
 def test_a_machine_that_leaves_and_comes_back_resumes_the_run_from_the_latest_checkpoint(
     ddp_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]

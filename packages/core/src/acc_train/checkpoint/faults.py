@@ -74,6 +74,12 @@ def check_fault_env() -> Fault | None:
     """The fault ``ACC_TRAIN_FAULT`` asks for (read once), or None; refuses a malformed value
     before any worker starts."""
     spec = os.environ.get(ENV_FAULT)
+    sig = os.environ.get(ENV_FAULT_SIGNAL)
+    if spec and sig:
+        import signal
+
+        if sig not in signal.Signals.__members__:
+            raise UserError(f"{ENV_FAULT_SIGNAL}={sig!r} is not a signal name", where=ENV_FAULT_SIGNAL, hint="write e.g. SIGKILL or SIGSTOP, or unset it")
     return _fault_from(spec) if spec else None
 
 
