@@ -61,6 +61,7 @@ def test_a_restart_after_a_checkpoint_continues_from_it_with_the_losses_of_an_un
     summary = json.loads((out / "run.json").read_text())
     assert summary["restarts"] == 1 and summary["start_step"] == 10 and summary["steps"] == 20
     assert summary["resumed_from"] == str(out / "checkpoints" / "step-000010")
+    assert f"elastic: up to 1 restart(s) (one machine); restarted workers resume from the latest checkpoint in {out} (checkpoints every 10 steps)" in proc.stderr
     assert f"workers restarted (1 restart so far): resuming from {out / 'checkpoints' / 'step-000010'}" in proc.stderr
     assert "elastic: the workers were restarted 1 time(s)" in proc.stdout
     assert_same_losses(read_metrics(out), read_metrics(ddp_run))
@@ -153,6 +154,7 @@ def test_a_machine_that_leaves_and_comes_back_resumes_the_run_from_the_latest_ch
     assert summary["world_size"] == 2 and summary["restarts"] == 1
     assert summary["start_step"] == 10 and summary["steps"] == 20
     assert summary["resumed_from"] == str(out / "checkpoints" / "step-000010")
+    assert "elastic: up to 1 restart(s) (c10d rendezvous of 2 machines)" in logs[1][1]
     assert any("workers restarted (1 restart so far): resuming from" in err for _, err in logs)  # rank 0's machine says it
     assert "elastic: the workers were restarted 1 time(s)" in logs[0][0]
     assert_same_losses(read_metrics(out), read_metrics(ddp_run))

@@ -79,6 +79,8 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_optimizer(job, Machine(current_machine().device_type, world, cfg.launch.num_machines))
     if cfg.launch.machine_rank == 0:  # the run's files belong to machine 0
         check_output_dir(job)
+    if cfg.launch.max_restarts:
+        _say_elastic(cfg)
     started = time.time()
     if cfg.data.train_files and not cfg.data.streaming:
         _prepare_data(cfg)  # once per machine, here, with progress bars: the workers read it from the cache
@@ -112,6 +114,18 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
             from acc_train.report import format_summary, read_run
 
             click.echo(format_summary(read_run(cfg.output_dir)))
+
+
+def _say_elastic(cfg: Any) -> None:
+    """The launch log's line on what a restart will do (``--max-restarts``)."""
+    every, launch = cfg.checkpoint.every, cfg.launch
+    where = f"{launch.rdzv_backend} rendezvous of {launch.num_machines} machines" if launch.num_machines > 1 else "one machine"
+    saves = f"checkpoints every {every} steps" if every else "checkpoint.every is 0: a restart trains from step 0"
+    click.echo(
+        f"elastic: up to {launch.max_restarts} restart(s) ({where}); "
+        f"restarted workers resume from the latest checkpoint in {cfg.output_dir} ({saves})",
+        err=True,
+    )
 
 
 def _check_strategy_fits(job: Any) -> None:

@@ -152,24 +152,27 @@ def restart_resumes(job: ResolvedJob, config_file: str) -> bool:
     return written.is_file() and written.stat().st_mtime_ns >= Path(config_file).stat().st_mtime_ns
 
 
-def _agree_on_resume(resume: str | None, restarts: int) -> tuple[str | None, int]:
-    """Every rank's ``--resume`` and restart count -> the one the run takes: the first rank's
-    that has one (a user's ``--resume`` is the same on every rank; ``auto`` where some
-    machine's workers were restarted or had claimed the run: a machine that rejoins runs a
-    fresh agent, restart count 0, and may even hold rank 0), and the most restarts."""
+def _agree_on_resume(resume: str | None, restarts: int, again: bool) -> tuple[str | None, int, bool]:
+    """Every rank's ``--resume``, restart count and whether its machine's workers run again ->
+    the run's: the first rank's resume that has one (a user's ``--resume`` is the same on
+    every rank; ``auto`` where some machine's workers were restarted or had claimed the run: a
+    machine that rejoins runs a fresh agent, restart count 0, and may even hold rank 0), the
+    most restarts, and whether any machine's workers run again."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return resume, restarts
+        return resume, restarts, again
     votes: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(votes, (resume, restarts))
-    return next((r for r, _ in votes if r), None), max(n for _, n in votes)
+    dist.all_gather_object(votes, (resume, restarts, again))
+    return next((r for r, _, _ in votes if r), None), max(n for _, n, _ in votes), any(a for _, _, a in votes)
 
 
 def _say_restart(restarts: int, resumed_from: str | None, output_dir: str) -> None:
-    """The launch log's line for workers started again after a failure (main process)."""
+    """The launch log's line for workers started again in a launch that had trained (main
+    process): after a failure, or in a new rendezvous round after a machine rejoined."""
+    why = f"workers restarted ({restarts} restart{'s' if restarts != 1 else ''} so far)" if restarts else "workers started again (a machine rejoined)"
     where = f"resuming from {resumed_from}" if resumed_from else f"no complete checkpoint in {output_dir!r} yet: starting from step 0"
-    sys.stderr.write(f"acc-train: workers restarted ({restarts} restart{'s' if restarts != 1 else ''} so far): {where}\n")
+    sys.stderr.write(f"acc-train: {why}: {where}\n")
     sys.stderr.flush()
 
 
@@ -182,13 +185,14 @@ def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
     accelerator = setup.make_accelerator(job)
     # one decision for all (a restarted worker's resume is decided per rank, from files and
     # restart counts that machines see differently): every rank takes the same path into the collectives
-    job.config.resume, restarts = _agree_on_resume(job.config.resume, restart_count())
+    again = restart_count() > 0 or (config_file is not None and claimed_marker(config_file).exists())
+    job.config.resume, restarts, again = _agree_on_resume(job.config.resume, restart_count(), again)
     data = setup.load_data(job, accelerator)
     built = setup.build_model(job, data)
     prepared = setup.prepare(job, accelerator, built, data)
     manager = setup.checkpoint_manager(job, accelerator, built, data)
     state, resumed_from = setup.resume(job, manager, prepared, data.max_steps, data.stream)
-    if restarts and accelerator.is_main_process:
+    if again and accelerator.is_main_process:
         _say_restart(restarts, resumed_from, job.config.output_dir)
     claim_output_dir(job, accelerator, config_file)
     if config_file and accelerator.is_local_main_process:  # this launch now owns the run (see claimed_marker)
