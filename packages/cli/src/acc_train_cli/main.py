@@ -7,6 +7,7 @@ torch or accelerate.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -78,6 +79,8 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_optimizer(job, Machine(current_machine().device_type, world, cfg.launch.num_machines))
     if cfg.launch.machine_rank == 0:  # the run's files belong to machine 0
         check_output_dir(job)
+    if cfg.launch.max_restarts:
+        _say_elastic(cfg)
     started = time.time()
     if cfg.data.train_files and not cfg.data.streaming:
         _prepare_data(cfg)  # once per machine, here, with progress bars: the workers read it from the cache
@@ -94,12 +97,16 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
         )
     finally:
         os.unlink(config_path)
+        with contextlib.suppress(FileNotFoundError):  # left by the workers once they claimed the run
+            os.unlink(f"{config_path}.claimed")
     if cfg.launch.machine_rank == 0:
         summary_path = os.path.join(cfg.output_dir, "run.json")
         if os.path.isfile(summary_path):
             with open(summary_path) as f:
                 s = json.load(f)
             loss = s.get("final_loss")
+            if s.get("restarts"):
+                click.echo(f"elastic: the workers were restarted {s['restarts']} time(s); the last attempt resumed from {s.get('resumed_from') or 'no checkpoint (step 0)'}")
             click.echo(
                 f"done: {s['steps']} steps under {s['strategy']} ({s['distributed_type']}, world size {s['world_size']}), "
                 f"final loss {loss:.4f}, {s['tokens_per_s'] or 0:.0f} tokens/s -> {cfg.output_dir}"
@@ -107,6 +114,18 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
             from acc_train.report import format_summary, read_run
 
             click.echo(format_summary(read_run(cfg.output_dir)))
+
+
+def _say_elastic(cfg: Any) -> None:
+    """The launch log's line on what a restart will do (``--max-restarts``)."""
+    every, launch = cfg.checkpoint.every, cfg.launch
+    where = f"{launch.rdzv_backend} rendezvous of {launch.num_machines} machines" if launch.num_machines > 1 else "one machine"
+    saves = f"checkpoints every {every} steps" if every else "checkpoint.every is 0: a restart trains from step 0"
+    click.echo(
+        f"elastic: up to {launch.max_restarts} restart(s) ({where}); "
+        f"restarted workers resume from the latest checkpoint in {cfg.output_dir} ({saves})",
+        err=True,
+    )
 
 
 def _check_strategy_fits(job: Any) -> None:

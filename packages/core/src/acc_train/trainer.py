@@ -28,7 +28,6 @@ from acc_train.checkpoint import (
     model_fingerprint,
     verify_checkpoint,
 )
-from acc_train.checkpoint.hashing import from_rank0
 from acc_train.errors import UserError
 from acc_train.loop import LoopInputs, finish, run_loop, setup
 from acc_train.metrics import METRICS_FILE
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
     from acc_train.config import ResolvedJob
 
-__all__ = ["train", "check_output_dir", "claim_output_dir", "restart_resumes", "RUN_FILES"]
+__all__ = ["train", "check_output_dir", "claim_output_dir", "restart_resumes", "restart_count", "claimed_marker", "RUN_FILES"]
 
 #: What a run writes into its output directory (an existing one is never silently replaced).
 RUN_FILES = ("config.yaml", METRICS_FILE, "run.json", "checkpoints", "final", "logs")
@@ -125,17 +124,56 @@ def claim_output_dir(job: ResolvedJob, accelerator: Accelerator, config_file: st
     accelerator.wait_for_everyone()
 
 
+def restart_count() -> int:
+    """How many times this machine's elastic agent has restarted its workers (0 on the first
+    attempt, and on a machine whose ``acc-train`` was started again to rejoin the run)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def claimed_marker(config_file: str) -> Path:
+    """The file a machine's workers leave next to the launch's resolved config once they have
+    claimed the output directory: a later attempt of the same launch (a restart, or a
+    re-rendezvous after a machine left and came back) continues that run instead of claiming
+    it again. The command removes it with the config file."""
+    return Path(f"{config_file}.claimed")
+
+
 def restart_resumes(job: ResolvedJob, config_file: str) -> bool:
     """Whether workers restarted after a failure (``--max-restarts``) continue from the latest
     checkpoint: yes, unless ``--resume`` already says where from, or the run ``--overwrite``
-    replaces is still there because the failed attempt never got past its checks (its
-    ``config.yaml`` is older than ``config_file``, which the command wrote at launch)."""
+    replaces is still there because the failed attempt never got past its checks (no claim
+    marker of this launch, and its ``config.yaml`` is older than ``config_file``, which the
+    command wrote at launch)."""
     if job.config.resume:
         return False
-    if not job.config.overwrite:
+    if not job.config.overwrite or claimed_marker(config_file).exists():
         return True
     written = Path(job.config.output_dir) / "config.yaml"
     return written.is_file() and written.stat().st_mtime_ns >= Path(config_file).stat().st_mtime_ns
+
+
+def _agree_on_resume(resume: str | None, restarts: int, again: bool) -> tuple[str | None, int, bool]:
+    """Every rank's ``--resume``, restart count and whether its machine's workers run again ->
+    the run's: the first rank's resume that has one (a user's ``--resume`` is the same on
+    every rank; ``auto`` where some machine's workers were restarted or had claimed the run: a
+    machine that rejoins runs a fresh agent, restart count 0, and may even hold rank 0), the
+    most restarts, and whether any machine's workers run again."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return resume, restarts, again
+    votes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(votes, (resume, restarts, again))
+    return next((r for r, _, _ in votes if r), None), max(n for _, n, _ in votes), any(a for _, _, a in votes)
+
+
+def _say_restart(restarts: int, resumed_from: str | None, output_dir: str) -> None:
+    """The launch log's line for workers started again in a launch that had trained (main
+    process): after a failure, or in a new rendezvous round after a machine rejoined."""
+    why = f"workers restarted ({restarts} restart{'s' if restarts != 1 else ''} so far)" if restarts else "workers started again (a machine rejoined)"
+    where = f"resuming from {resumed_from}" if resumed_from else f"no complete checkpoint in {output_dir!r} yet: starting from step 0"
+    sys.stderr.write(f"acc-train: {why}: {where}\n")
+    sys.stderr.flush()
 
 
 def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
@@ -145,15 +183,20 @@ def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
     ``config.yaml`` once every check has passed (:func:`claim_output_dir`)."""
     started_at = setup.launch_time() or time.time()
     accelerator = setup.make_accelerator(job)
-    # rank 0's decision (a restarted worker's resume is decided per rank, from files that
-    # machines may see differently): every rank must take the same path into the collectives
-    job.config.resume = from_rank0(job.config.resume)
+    # one decision for all (a restarted worker's resume is decided per rank, from files and
+    # restart counts that machines see differently): every rank takes the same path into the collectives
+    again = restart_count() > 0 or (config_file is not None and claimed_marker(config_file).exists())
+    job.config.resume, restarts, again = _agree_on_resume(job.config.resume, restart_count(), again)
     data = setup.load_data(job, accelerator)
     built = setup.build_model(job, data)
     prepared = setup.prepare(job, accelerator, built, data)
     manager = setup.checkpoint_manager(job, accelerator, built, data)
     state, resumed_from = setup.resume(job, manager, prepared, data.max_steps, data.stream)
+    if again and accelerator.is_main_process:
+        _say_restart(restarts, resumed_from, job.config.output_dir)
     claim_output_dir(job, accelerator, config_file)
+    if config_file and accelerator.is_local_main_process:  # this launch now owns the run (see claimed_marker)
+        claimed_marker(config_file).touch()
     manager.discard_unfinished_saves()
 
     run = RunContext(
@@ -170,6 +213,7 @@ def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
         call_lifecycle("acc_train_train_start", run=run)
         result = run_loop(LoopInputs(run, state, prepared.scheduler, prepared.train_dl, prepared.eval_dl, data.sampler, data.batches_per_epoch, manager, data.stream))
         summary = finish.summarize(run, state, result, resumed_from, data.prepared.summary(), started_at)
+        summary["restarts"] = restarts  # the elastic agents' restarts of the workers (the most any machine's made)
         finish.save_final(run, data.tokenizer)
         finish.write_run_json(run, summary)
         call_lifecycle("acc_train_train_end", run=run, summary=summary)

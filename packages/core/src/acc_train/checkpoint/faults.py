@@ -9,9 +9,11 @@ from dataclasses import dataclass
 
 from acc_train.errors import UserError, closest
 
-__all__ = ["ENV_FAULT", "FAULT_POINTS", "Fault", "parse_fault", "check_fault_env", "fault_point"]
+__all__ = ["ENV_FAULT", "ENV_FAULT_SIGNAL", "FAULT_POINTS", "Fault", "parse_fault", "check_fault_env", "fault_point"]
 
 ENV_FAULT = "ACC_TRAIN_FAULT"
+#: the signal the process sends itself there (default SIGKILL; SIGSTOP: it hangs, as a machine that stops answering)
+ENV_FAULT_SIGNAL = "ACC_TRAIN_FAULT_SIGNAL"
 
 #: every point the code calls :func:`fault_point` with, in the order a run reaches them
 FAULT_POINTS = (
@@ -72,6 +74,12 @@ def check_fault_env() -> Fault | None:
     """The fault ``ACC_TRAIN_FAULT`` asks for (read once), or None; refuses a malformed value
     before any worker starts."""
     spec = os.environ.get(ENV_FAULT)
+    sig = os.environ.get(ENV_FAULT_SIGNAL)
+    if spec and sig:
+        import signal
+
+        if sig not in signal.Signals.__members__:
+            raise UserError(f"{ENV_FAULT_SIGNAL}={sig!r} is not a signal name", where=ENV_FAULT_SIGNAL, hint="write e.g. SIGKILL or SIGSTOP, or unset it")
     return _fault_from(spec) if spec else None
 
 
@@ -87,4 +95,4 @@ def fault_point(name: str, step: int) -> None:
     if fault.point == name and fault.step in (None, step) and fault.rank in (None, int(os.environ.get("RANK", "0"))):
         import signal
 
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.Signals[os.environ.get(ENV_FAULT_SIGNAL) or "SIGKILL"])
