@@ -137,3 +137,29 @@ def test_the_reported_version_is_the_wrapped_modules_not_the_option() -> None:
 
     assert resolve_strategy("fsdp", {"version": 2}).summary(Prepared()) == {"fsdp_version": None, "mesh": None}
     assert resolve_strategy("fsdp1").summary(Prepared()) == {"fsdp_version": None, "mesh": None}
+
+
+def test_accelerate_parallelism_config_maps_onto_the_mesh_options_as_written() -> None:
+    fsdp2 = {"fsdp_version": 2}
+    sizes = {"parallelism_config_dp_replicate_size": 2, "parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": 2, "parallelism_config_cp_size": 1}
+    section = strategy_from_accelerate_config(fsdp2, sizes)
+    assert section == {"name": "fsdp", "version": 2, "dp_replicate": 2, "dp_shard": 2, "tp": 2}
+    # a size the file leaves out is 1, as in Accelerate (not "the rest of the world")
+    assert strategy_from_accelerate_config(fsdp2, {"parallelism_config_tp_size": 2}) == {"name": "fsdp", "version": 2, "dp_replicate": 1, "dp_shard": 1, "tp": 2}
+    assert strategy_from_accelerate_config(fsdp2, {}) == strategy_from_accelerate_config(fsdp2, None) == {"name": "fsdp", "version": 2}
+
+
+@pytest.mark.parametrize(
+    ("fsdp", "parallelism", "where", "message"),
+    [
+        ({}, {"parallelism_config_dp_shard_size": 2}, "parallelism_config", "needs FSDP2"),
+        ({"fsdp_version": 2}, {"parallelism_config_tp_sise": 2}, "parallelism_config.parallelism_config_tp_sise", 'did you mean "parallelism_config_tp_size"'),
+        ({"fsdp_version": 2}, {"parallelism_config_dp_shard_size": 0}, "parallelism_config.parallelism_config_dp_shard_size", "greater than or equal to 1"),
+        ({"fsdp_version": 2}, {"parallelism_config_sp_size": 2}, "parallelism_config.parallelism_config_sp_size", "sequence parallelism"),
+        ({"fsdp_version": 2}, {"parallelism_config_cp_size": 2, "parallelism_config_cp_comm_strategy": "alltoall"}, "parallelism_config.parallelism_config_cp_comm_strategy", "alltoall"),
+    ],
+)
+def test_accelerate_parallelism_config_that_acc_train_cannot_run_is_refused(fsdp: dict, parallelism: dict, where: str, message: str) -> None:
+    with pytest.raises(UserError, match=message) as caught:
+        strategy_from_accelerate_config(fsdp, parallelism)
+    assert caught.value.where == where

@@ -155,3 +155,44 @@ def test_plan_reads_tp_in_the_mesh_and_divides_the_model_state_by_it() -> None:
     hsdp = resolve_strategy("fsdp", {"version": 2, **parse_mesh("replicate=2,tp=2")})
     with pytest.raises(Exception, match="use dp_shard: 2 instead"):
         hsdp.plan_memory(PlanInput(psi, 4, "no"))
+
+
+ACCELERATE_MESH_FILE = """\
+distributed_type: FSDP
+num_processes: 8
+num_machines: 2
+main_process_ip: 10.0.0.1
+fsdp_config:
+  fsdp_version: 2
+parallelism_config:
+  parallelism_config_dp_replicate_size: 2
+  parallelism_config_dp_shard_size: 2
+  parallelism_config_tp_size: 2
+  parallelism_config_cp_size: 1
+"""
+
+
+def test_an_accelerate_config_files_parallelism_config_is_the_mesh(tmp_path: Path) -> None:
+    import yaml
+
+    cfg = tmp_path / "accelerate.yaml"
+    cfg.write_text(ACCELERATE_MESH_FILE)
+    proc = run_cli("--config", str(cfg), "--print-config")
+    assert proc.returncode == 0, proc.stderr
+    strategy = yaml.safe_load(proc.stdout)["strategy"]
+    assert (strategy["name"], strategy["version"], strategy["dp_replicate"], strategy["dp_shard"], strategy["tp"]) == ("fsdp", 2, 2, 2, 2)
+    proc = run_cli("plan", "--config", str(cfg))  # the job's own row: the file's mesh, per rank
+    assert proc.returncode == 0, proc.stderr
+    assert "mesh dp_replicate=2 x dp_shard=2 x tp=2: N = dp_shard x tp" in proc.stdout
+
+
+def test_a_parallelism_config_no_strategy_reads_is_refused_with_its_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "accelerate.yaml"
+    cfg.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\nparallelism_config:\n  parallelism_config_tp_size: 2\n")
+    proc = run_cli("--config", str(cfg), "--print-config")
+    assert proc.returncode == 2
+    assert f"{cfg}:3: parallelism_config" in proc.stderr and "the ddp strategy (distributed_type MULTI_GPU) does not read it" in proc.stderr
+    assert "read by the fsdp strategy" in proc.stderr
+    cfg.write_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 1\nparallelism_config:\n  parallelism_config_tp_size: 2\n")
+    proc = run_cli("--config", str(cfg), "--print-config")
+    assert proc.returncode == 2 and f"{cfg}:5: parallelism_config" in proc.stderr and "needs FSDP2" in proc.stderr

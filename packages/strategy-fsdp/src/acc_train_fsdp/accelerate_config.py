@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from acc_train.api import UserError, read_accelerate_section
 
-__all__ = ["strategy_from_accelerate_config"]
+__all__ = ["strategy_from_accelerate_config", "mesh_from_parallelism_config"]
 
 SHARDING = {
     "FULL_SHARD": "full_shard", "SHARD_GRAD_OP": "shard_grad_op", "NO_SHARD": "no_shard",
@@ -23,7 +23,8 @@ SHARDING = {
 WRAP = {"TRANSFORMER_BASED_WRAP": "transformer", "SIZE_BASED_WRAP": "size", "NO_WRAP": "none"}
 PREFETCH = {"BACKWARD_PRE": "backward_pre", "BACKWARD_POST": "backward_post", "NO_PREFETCH": "none"}
 STATE_DICT = {"SHARDED_STATE_DICT": "sharded", "FULL_STATE_DICT": "full"}
-
+#: ``parallelism_config`` sizes -> the fsdp strategy's mesh options (Accelerate's ParallelismConfig)
+MESH = {"dp_replicate_size": "dp_replicate", "dp_shard_size": "dp_shard", "tp_size": "tp", "cp_size": "cp"}
 
 
 class FsdpSection(BaseModel):
@@ -53,6 +54,21 @@ class FsdpSection(BaseModel):
 KNOWN = tuple(FsdpSection.model_fields)
 
 
+class ParallelismSection(BaseModel):
+    """The ``parallelism_config`` keys (Accelerate's ``ParallelismConfig``, FSDP2 only), as
+    ``accelerate config`` writes them: every key carries the ``parallelism_config_`` prefix."""
+
+    model_config = ConfigDict(extra="forbid")
+    parallelism_config_dp_replicate_size: StrictInt = Field(1, ge=1)
+    parallelism_config_dp_shard_size: StrictInt = Field(1, ge=1)
+    parallelism_config_tp_size: StrictInt = Field(1, ge=1)
+    parallelism_config_cp_size: StrictInt = Field(1, ge=1)
+    parallelism_config_cp_backend: Literal["torch"] = "torch"
+    parallelism_config_cp_comm_strategy: Literal["allgather", "alltoall"] = "allgather"
+    #: DeepSpeed's sequence parallelism (ALST/Ulysses): refused above 1 (not the fsdp strategy's)
+    parallelism_config_sp_size: StrictInt = Field(1, ge=1)
+
+
 def _pick(table: dict[Any, str], value: Any, key: str) -> str:
     normal = value.upper() if isinstance(value, str) else value
     if normal not in table:
@@ -65,8 +81,42 @@ def _no_effect(key: str) -> None:
     sys.stderr.write(f"warning: fsdp_config.{key} has no effect under FSDP2 (fsdp_version: 2); it is not used\n")
 
 
-def strategy_from_accelerate_config(section: dict[str, Any]) -> dict[str, Any]:
-    """``fsdp_config`` -> the ``strategy:`` section (``name: fsdp`` plus options)."""
+def mesh_from_parallelism_config(section: Any, version: int) -> dict[str, Any]:
+    """``parallelism_config`` -> the mesh options (``dp_replicate``, ``dp_shard``, ``tp``, ``cp``).
+
+    The sizes are taken as the file gives them, as Accelerate does (their product must be the
+    world size; a size left out is 1), so ``dp_shard_size: 1`` is no sharding, not "the rest"."""
+    parsed = read_accelerate_section(section, ParallelismSection, "parallelism_config")
+    given = parsed.model_fields_set
+    if not given:
+        return {}
+    if version != 2:
+        raise UserError(
+            "parallelism_config needs FSDP2 (Accelerate refuses it without fsdp_version: 2)",
+            where="parallelism_config",
+            hint="set fsdp_config.fsdp_version: 2, or remove parallelism_config",
+        )
+    if parsed.parallelism_config_sp_size > 1:
+        raise UserError(
+            "sequence parallelism (sp_size, DeepSpeed's ALST/Ulysses) is not run by acc-train's fsdp strategy",
+            where="parallelism_config.parallelism_config_sp_size",
+            hint="use parallelism_config_cp_size (context parallelism) or remove sp_size",
+        )
+    if parsed.parallelism_config_cp_comm_strategy != "allgather":
+        raise UserError(
+            "cp_comm_strategy alltoall is not run by acc-train (torch's default allgather rotation is)",
+            where="parallelism_config.parallelism_config_cp_comm_strategy",
+            hint="remove parallelism_config_cp_comm_strategy or set it to allgather",
+        )
+    sizes = {option: getattr(parsed, f"parallelism_config_{key}") for key, option in MESH.items()}
+    out = {"dp_replicate": sizes["dp_replicate"], "dp_shard": sizes["dp_shard"]}
+    out.update({key: sizes[key] for key in ("tp", "cp") if sizes[key] > 1})
+    return out
+
+
+def strategy_from_accelerate_config(section: dict[str, Any], parallelism: Any = None) -> dict[str, Any]:
+    """``fsdp_config`` (and ``parallelism_config``, the FSDP2 mesh) -> the ``strategy:``
+    section (``name: fsdp`` plus options)."""
     parsed = read_accelerate_section(section, FsdpSection, "fsdp_config")
     section = {key: getattr(parsed, key) for key in parsed.model_fields_set if getattr(parsed, key) is not None}
     version = parsed.fsdp_version
@@ -125,4 +175,4 @@ def strategy_from_accelerate_config(section: dict[str, Any]) -> dict[str, Any]:
                 _no_effect(src)
     if "fsdp_state_dict_type" in section:
         out["state_dict_type"] = _pick(STATE_DICT, section["fsdp_state_dict_type"], "fsdp_state_dict_type")
-    return out
+    return {**out, **mesh_from_parallelism_config(parallelism, version)}

@@ -34,7 +34,7 @@ def acc_train_register_checkpoint_formats(register: Callable[[CheckpointFormat],
 def acc_train_accelerate_config(distributed_type: str, config: dict[str, Any]) -> dict[str, Any] | None:
     if distributed_type != "FSDP":
         return None
-    return {"strategy": strategy_from_accelerate_config(config.get("fsdp_config") or {})}
+    return {"strategy": strategy_from_accelerate_config(config.get("fsdp_config") or {}, config.get("parallelism_config"))}
 
 
 @hookimpl

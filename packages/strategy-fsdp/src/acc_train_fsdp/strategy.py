@@ -36,7 +36,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
     options_schema = FSDPOptions
     checkpoint_format = "dcp"
     accelerate_distributed_types = ("FSDP",)
-    accelerate_config_sections = ("fsdp_config",)
+    accelerate_config_sections = ("fsdp_config", "parallelism_config")
 
     def checkpoint_format_name(self) -> str:
         """Sharded: core's ``dcp`` (each rank writes its shards; portable across strategies and

@@ -164,6 +164,7 @@ def from_accelerate_config(data: dict[str, Any], file: str, lines: dict[str, str
     except UserError as exc:  # a plugin's mapper names the key within its section: add the file and line
         raise UserError(exc.message, where=_at(lines, str(exc.where), file) if exc.where else file, hint=exc.hint) from None
     if section is not None:
+        _refuse_unread_sections(data, sections, section["strategy"]["name"], installed, lines, file)
         return deep_merge(out, section)
     if not declared:
         answers = sorted({t for strategy in installed for t in strategy.accelerate_distributed_types})
@@ -172,5 +173,20 @@ def from_accelerate_config(data: dict[str, Any], file: str, lines: dict[str, str
             where=_at(lines, "distributed_type", file),
             hint="they answer to: " + (", ".join(answers) or "none"),
         )
+    _refuse_unread_sections(data, sections, declared[0].name, installed, lines, file)
     out["strategy"] = {"name": declared[0].name}
     return out
+
+
+def _refuse_unread_sections(data: dict[str, Any], sections: set[str], chosen: str, installed: list[Any], lines: dict[str, str], file: str) -> None:
+    """A filled-in section that the chosen strategy does not read (``parallelism_config`` under
+    ``distributed_type: MULTI_GPU``...) is an error naming it, not dropped."""
+    mine = {key for strategy in installed if strategy.name == chosen for key in strategy.accelerate_config_sections}
+    for key in sorted(sections - mine):
+        if data.get(key):
+            readers = sorted({s.name for s in installed if key in s.accelerate_config_sections})
+            raise UserError(
+                f"{key} is filled in, and the {chosen} strategy (distributed_type {data.get('distributed_type')}) does not read it",
+                where=_at(lines, key, file),
+                hint=f"it is read by the {', '.join(readers)} strategy; set the distributed_type that selects it, or empty {key}",
+            )
