@@ -1,11 +1,12 @@
-"""Per-rank model-state bytes of FSDP2 over a mesh (HSDP), measured, against ``acc-train plan``.
+"""Per-rank model-state bytes of FSDP2 over a mesh (HSDP, TP, FSDP x TP), measured, against ``acc-train plan``.
 
 Each shape trains the demo Llama through ``acc-train`` on ``--processes`` CPU processes (fp32, 2
 steps, no checkpoints) and reads ``run.json``'s ``per_rank[*].model_state_bytes`` (parameters,
 gradients and optimizer state each rank holds, counted from the live tensors). The plan is
 ``acc-train plan --json --mesh ...`` for the same job: its row for that mesh (or the strategy's
 own row for DDP and plain FSDP). The ratio measured/planned is reported per shape (the largest
-rank); the shapes are run one after another in the same session.
+rank); the shapes are run one after another in the same session. Tensor parallelism alone runs
+on 2 processes (the demo model's 6 heads take tp = 2 or 3); HSDP x TP needs 8 (``--processes 8``).
 
 Usage: python bench/bench_mesh.py [--processes 4] [--json FILE]
 """
@@ -20,11 +21,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-#: label -> (acc-train arguments, the plan row's label, --mesh for the plan)
+#: label -> (acc-train arguments, the plan row's label (None: the --mesh row), --mesh for the plan, processes (None: --processes))
 SHAPES = {
-    "ddp": (["--strategy", "ddp"], "ddp", None),
-    "fsdp2 (shard=N)": (["--strategy", "fsdp"], "fsdp2", None),
-    "hsdp (replicate=2, shard=N/2)": (["--strategy", "fsdp", "--set", "strategy.dp_replicate=2"], None, "replicate=2"),
+    "ddp": (["--strategy", "ddp"], "ddp", None, None),
+    "fsdp2 (shard=N)": (["--strategy", "fsdp"], "fsdp2", None, None),
+    "hsdp (replicate=2, shard=N/2)": (["--strategy", "fsdp", "--set", "strategy.dp_replicate=2"], None, "replicate=2", None),
+    "tp (tp=2, 2 processes)": (["--strategy", "fsdp", "--set", "strategy.tp=2"], None, "tp=2", 2),
+    "fsdp x tp (shard=N/2, tp=2)": (["--strategy", "fsdp", "--set", "strategy.tp=2"], None, "tp=2", None),
+    "hsdp x tp (replicate=2, shard=N/4, tp=2)": (["--strategy", "fsdp", "--set", "strategy.dp_replicate=2", "--set", "strategy.tp=2"], None, "replicate=2,tp=2", 8),
 }
 
 
@@ -40,13 +44,16 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    n = args.processes
-    common = ["--num-processes", str(n), "--mixed-precision", "no", "--max-steps", "2", "--set", "checkpoint.every=0",
-              "--set", "training.progress_bar=false", "--micro-batch-size", "2"]  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, (strategy_args, plan_label, mesh) in SHAPES.items():
-            out = Path(tmp) / label.split()[0]
+        for label, (strategy_args, plan_label, mesh, processes) in SHAPES.items():
+            n = processes or args.processes
+            if processes and processes > args.processes:
+                print(f"skipped {label}: needs {processes} processes (--processes {processes})")
+                continue
+            common = ["--num-processes", str(n), "--mixed-precision", "no", "--max-steps", "2", "--set", "checkpoint.every=0",
+                      "--set", "training.progress_bar=false", "--micro-batch-size", "2"]  # fmt: skip
+            out = Path(tmp) / f"{len(rows)}"
             acc_train(*common, *strategy_args, "--output-dir", str(out))
             ranks = json.loads((out / "run.json").read_text())["per_rank"]
             measured = max(sum(r["model_state_bytes"].values()) for r in ranks)
@@ -56,11 +63,11 @@ def main() -> None:
                 row = next(r for r in plan["rows"] if r["label"].startswith("fsdp2 mesh"))
             else:
                 row = next(r for r in plan["rows"] if r["label"] == plan_label)
-            rows.append({"shape": label, "row": row["label"], "measured": measured, "planned": row["model_state"], "ratio": measured / row["model_state"], "formula": row["formula"]})
-    print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}; demo Llama, {n} CPU processes, fp32")
-    print(f"{'shape':32} {'plan row':32} {'measured B':>12} {'planned B':>12} {'ratio':>6}  formula")
+            rows.append({"shape": label, "processes": n, "row": row["label"], "measured": measured, "planned": row["model_state"], "ratio": measured / row["model_state"], "formula": row["formula"]})
+    print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}; demo Llama, CPU processes over gloo, fp32")
+    print(f"{'shape':42} {'procs':>5} {'plan row':38} {'measured B':>12} {'planned B':>12} {'ratio':>6}  formula")
     for r in rows:
-        print(f"{r['shape']:32} {r['row']:32} {r['measured']:12,} {r['planned']:12,} {r['ratio']:6.3f}  {r['formula']}")
+        print(f"{r['shape']:42} {r['processes']:5} {r['row']:38} {r['measured']:12,} {r['planned']:12,} {r['ratio']:6.3f}  {r['formula']}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

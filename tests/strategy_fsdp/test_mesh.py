@@ -1,7 +1,8 @@
 """FSDP2 over a 2-D mesh (Accelerate's ParallelismConfig): HSDP, dp_replicate x dp_shard = 2 x 2 on
 4 CPU processes over gloo (the tiny model without dropout, so world sizes compare), trains to DDP's losses, records its mesh in run.json, and its
 checkpoints resume under DDP and plain FSDP on 2 processes, and DDP's under HSDP. Tensor parallelism (transformers' tp_plan over the mesh's
-tp dimension): tp = 2 alone on 2 processes and dp_shard x tp = 2 x 2 on 4 train to DDP's losses, and FSDP x TP's checkpoints resume under DDP."""
+tp dimension): tp = 2 alone on 2 processes and dp_shard x tp = 2 x 2 on 4 train to DDP's losses; FSDP x TP's checkpoints resume under DDP,
+TP's under FSDP, and DDP's under FSDP x TP. An accelerate config file's parallelism_config is the mesh."""
 
 from __future__ import annotations
 
@@ -134,9 +135,12 @@ def test_tensor_parallel_trains_to_ddps_losses_and_records_its_mesh(runs, settin
 
 @pytest.mark.launch
 @pytest.mark.xdist_group("mesh")
-def test_a_tensor_parallel_run_resumes_under_ddp(runs, no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
-    resumed = stopped_copy(runs("fsdp-tp-2x2"), tmp_path / "resumed", saved=3, lost=6)
-    proc = run_cli(*_args(no_dropout_model, tiny_data, resumed, "ddp-2", "--resume", "latest"))
+@pytest.mark.parametrize(("writer", "reader"), [("fsdp-tp-2x2", "ddp-2"), ("tp-2", "fsdp-2"), ("ddp-4", "fsdp-tp-2x2")])
+def test_a_tensor_parallel_run_resumes_across_mesh_and_strategy(
+    runs, writer: str, reader: str, no_dropout_model: Path, tiny_data: dict[str, Path], tmp_path: Path
+) -> None:
+    resumed = stopped_copy(runs(writer), tmp_path / "resumed", saved=3, lost=6)
+    proc = run_cli(*_args(no_dropout_model, tiny_data, resumed, reader, "--resume", "latest"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     ref, got = read_metrics(runs("ddp-4")), read_metrics(resumed)
     for step in range(4, STEPS + 1):
