@@ -5,7 +5,8 @@ steps, no checkpoints) and reads ``run.json``'s ``per_rank[*].model_state_bytes`
 gradients and optimizer state each rank holds, counted from the live tensors). The plan is
 ``acc-train plan --json --mesh ...`` for the same job: its row for that mesh (or the strategy's
 own row for DDP and plain FSDP). The ratio measured/planned is reported per shape (the largest
-rank); the shapes are run one after another in the same session. Tensor parallelism alone runs
+rank), with the largest difference of its per-step losses from DDP's (the same global batch in
+every shape: 2 x ``--processes`` sequences, fp32); the shapes are run one after another in the same session. Tensor parallelism alone runs
 on 2 processes (the demo model's 6 heads take tp = 2 or 3); HSDP x TP needs 8 (``--processes 8``).
 
 Usage: python bench/bench_mesh.py [--processes 4] [--json FILE]
@@ -20,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from acc_train.metrics import read_metrics
 
 #: label -> (acc-train arguments, the plan row's label (None: the --mesh row), --mesh for the plan, processes (None: --processes))
 SHAPES = {
@@ -44,18 +47,24 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    rows = []
+    rows: list[dict] = []
+    ddp_losses: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, (strategy_args, plan_label, mesh, processes) in SHAPES.items():
             n = processes or args.processes
             if processes and processes > args.processes:
                 print(f"skipped {label}: needs {processes} processes (--processes {processes})")
                 continue
-            common = ["--num-processes", str(n), "--mixed-precision", "no", "--max-steps", "2", "--set", "checkpoint.every=0",
-                      "--set", "training.progress_bar=false", "--micro-batch-size", "2"]  # fmt: skip
+            replicas = 2 if "strategy.tp=2" in strategy_args else 1  # the ranks of a tp group read one batch
+            micro = 2 * args.processes * replicas // n  # the same global batch (2 x --processes) in every shape
+            common = ["--num-processes", str(n), "--mixed-precision", "no", "--max-steps", "3", "--set", "checkpoint.every=0",
+                      "--set", "training.log_every=1", "--set", "training.progress_bar=false", "--micro-batch-size", str(micro)]  # fmt: skip
             out = Path(tmp) / f"{len(rows)}"
             acc_train(*common, *strategy_args, "--output-dir", str(out))
             ranks = json.loads((out / "run.json").read_text())["per_rank"]
+            steps = read_metrics(out).steps
+            losses = [steps[step]["loss"] for step in sorted(steps)]
+            ddp_losses = ddp_losses if rows else losses
             measured = max(sum(r["model_state_bytes"].values()) for r in ranks)
             plan_args = ["plan", "--json", "--num-processes", str(n), "--mixed-precision", "no"] + (["--mesh", mesh] if mesh else [])
             plan = json.loads(acc_train(*plan_args).stdout)
@@ -63,11 +72,12 @@ def main() -> None:
                 row = next(r for r in plan["rows"] if r["label"].startswith("fsdp2 mesh"))
             else:
                 row = next(r for r in plan["rows"] if r["label"] == plan_label)
-            rows.append({"shape": label, "processes": n, "row": row["label"], "measured": measured, "planned": row["model_state"], "ratio": measured / row["model_state"], "formula": row["formula"]})
+            rows.append({"shape": label, "processes": n, "row": row["label"], "measured": measured, "planned": row["model_state"], "ratio": measured / row["model_state"], "formula": row["formula"],
+                         "loss_diff": max(abs(a - b) for a, b in zip(losses, ddp_losses, strict=True))})
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}; demo Llama, CPU processes over gloo, fp32")
-    print(f"{'shape':42} {'procs':>5} {'plan row':38} {'measured B':>12} {'planned B':>12} {'ratio':>6}  formula")
+    print(f"{'shape':42} {'procs':>5} {'plan row':38} {'measured B':>12} {'planned B':>12} {'ratio':>6} {'|loss-ddp|':>10}  formula")
     for r in rows:
-        print(f"{r['shape']:42} {r['processes']:5} {r['row']:38} {r['measured']:12,} {r['planned']:12,} {r['ratio']:6.3f}  {r['formula']}")
+        print(f"{r['shape']:42} {r['processes']:5} {r['row']:38} {r['measured']:12,} {r['planned']:12,} {r['ratio']:6.3f} {r['loss_diff']:10.1e}  {r['formula']}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

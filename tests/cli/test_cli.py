@@ -68,7 +68,9 @@ def test_plugins_prints_json_with_hooks_and_registrations() -> None:
     by_name = {p["name"]: p for p in data["plugins"]}
     assert by_name["ddp"]["hooks"] == ["acc_train_config_questions", "acc_train_register_strategies"]
     assert by_name["ddp"]["registered"] == {"strategies": ["ddp"]}
-    assert by_name["builtin"]["registered"] == {"checkpoint_formats": ["dcp"]}
+    assert by_name["builtin"]["registered"] == {
+        "checkpoint_formats": ["dcp"], "data_kinds": ["chat", "prompt_completion", "text"], "optimizers": ["adafactor", "adamw", "adamw_8bit", "sgd"],
+    }  # fmt: skip
 
 
 def test_env_reports_versions() -> None:
