@@ -482,7 +482,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             whole = " (norm weights whole on each tp rank)" if tp else ""
             notes.append(f"mesh dp_replicate={mesh['dp_replicate']} x dp_shard={mesh['dp_shard']}{cp}{tp}: N = {factors}{whole}")
             if cp:
-                notes.append("cp: FSDP shards over dp_shard x cp; activations are 1/cp of each row's")
+                notes.append("activations: each rank runs 1/cp of every row (s = seq_len / cp)")
         gathered = 2 if plan.low_precision or plan.low_precision_weights else 4
         if how == "shard_grad_op":
             params = b * psi // n + gathered * psi
