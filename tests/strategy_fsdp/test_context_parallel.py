@@ -6,18 +6,28 @@ launch here and trained only by the GPU benchmark script (bench/gpu_fsdp_vs_ddp.
 These tests hold the checks before launch, the mesh sizes and ``ParallelismConfig``, the plan,
 and the loop's arithmetic for a cp group: labels shifted before the rows are cut, each rank's
 part of the loss, and the ranks gradients are averaged over.
+
+The launch tests run the whole context-parallel path on CPU but torch's ring-attention kernel:
+a ``sitecustomize`` in the workers (:data:`STAND_IN`) lets ``strategy.cp`` past the CPU refusal
+and registers, as transformers' ``sdpa`` attention, an exact causal attention over the cp group
+(keys and values all-gathered, positions undone from torch's head-tail balancing). Everything
+else is the product's: the mesh and FSDP over dp_shard x cp, Accelerate's hooks and
+``maybe_context_parallel``, torch's cutting of the buffers, the loop's pre-shifted labels and
+its loss and gradient scaling. On one long document (no example starts, so dropping the mask
+changes nothing) cp = 2 on 2 processes and dp_shard 2 x cp 2 on 4 give DDP's losses.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli, tiny_job_args
+from tests.conftest import WORDS, read_metrics, run_cli, shared_runs, tiny_job_args
 
 
 def _fsdp(**options: Any) -> Any:
@@ -262,3 +272,112 @@ def test_gradients_average_over_data_and_cp_ranks_and_losses_over_tp_replicas() 
     # dp_shard 2 x cp 2 x tp 2: each batch read by 4 ranks, each loss computed by a tp pair
     assert facts(8, ParallelismConfig(dp_shard_size=2, cp_size=2, tp_size=2)) == (4, 2, 2)
     assert facts(4, ParallelismConfig(dp_shard_size=2, tp_size=2)) == (2, 2, 2)
+
+
+# -- the whole path on CPU, torch's ring kernel stood in for ------------------------------------
+
+#: loaded by every process of a stand-in run (``CP_STAND_IN=1``): see the module docstring
+STAND_IN = """
+import os
+
+if os.environ.get("CP_STAND_IN") == "1":
+    import torch
+    import torch.distributed as dist
+    from transformers import AttentionInterface
+
+    import acc_train_fsdp.strategy as fsdp_strategy
+    from acc_train.api import Machine
+
+    checked = fsdp_strategy.FSDPStrategy.check_environment
+
+    def check_environment(self, machine):
+        if machine.device_type == "cpu":  # past the refusal of cp on CPU, every other check kept
+            machine = Machine("cuda", machine.world_size, machine.num_machines)
+        return checked(self, machine)
+
+    fsdp_strategy.FSDPStrategy.check_environment = check_environment
+
+    class Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, group):
+            ctx.group, ctx.rank, ctx.n = group, dist.get_rank(group), dist.get_world_size(group)
+            parts = [torch.empty_like(x) for _ in range(ctx.n)]
+            dist.all_gather(parts, x.contiguous(), group=group)
+            return torch.cat(parts, dim=2)
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.contiguous().clone()
+            dist.all_reduce(grad, group=ctx.group)
+            return grad.chunk(ctx.n, dim=2)[ctx.rank], None
+
+    def positions(n, rank, chunk):  # torch's head-tail balancing: rank r holds chunks r and 2n-1-r
+        return torch.cat([torch.arange(rank * chunk, (rank + 1) * chunk), torch.arange((2 * n - 1 - rank) * chunk, (2 * n - rank) * chunk)])
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+        from accelerate.state import AcceleratorState
+        from transformers.integrations.sdpa_attention import repeat_kv
+
+        mesh = AcceleratorState().device_mesh
+        if mesh is None or "cp" not in (mesh.mesh_dim_names or ()):
+            return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        group = mesh["cp"].get_group()
+        n, rank, chunk = dist.get_world_size(group), dist.get_rank(group), query.shape[2] // 2
+        keys = Gather.apply(repeat_kv(key, module.num_key_value_groups), group)
+        values = Gather.apply(repeat_kv(value, module.num_key_value_groups), group)
+        mine, every = positions(n, rank, chunk), torch.cat([positions(n, r, chunk) for r in range(n)])
+        scores = (query @ keys.transpose(-1, -2)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+        scores = scores.masked_fill(every[None, :] > mine[:, None], float("-inf"))
+        return (torch.softmax(scores, dim=-1) @ values).transpose(1, 2).contiguous(), None
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward as sdpa
+
+    AttentionInterface.register("sdpa", attention)
+"""
+
+#: global batch 8 rows in every setting (the micro-batch times the data-parallel ranks)
+CP_SETTINGS = {
+    "ddp-2": ("--strategy", "ddp", "--num-processes", "2", "--micro-batch-size", "4"),
+    "cp-2": ("--strategy", "fsdp", "--num-processes", "2", "--micro-batch-size", "8", "--set", "strategy.cp=2"),
+    "shard-cp-2x2": ("--strategy", "fsdp", "--num-processes", "4", "--micro-batch-size", "4", "--set", "strategy.cp=2"),
+}
+
+
+@pytest.fixture(scope="module")
+def cp_runs(no_dropout_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The three runs, made at once with the stand-in loaded (its attention is transformers'
+    own SDPA where the mesh has no cp dimension: the DDP reference is unchanged)."""
+    import random
+
+    root = tmp_path_factory.mktemp("cp-stand-in")
+    (root / "sitecustomize.py").write_text(STAND_IN)
+    rng = random.Random(0)
+    document = root / "one_document.jsonl"  # one long text: no row holds an example start
+    document.write_text(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(4000))}) + "\n")
+    data = {"train": document, "eval": document}
+
+    def args(setting: str, out: Path) -> list[str]:
+        steps = ("--max-steps", "6", "--set", "checkpoint.every=0", "--set", "data.shuffle=false", "--set", "data.eval_files=[]")
+        return [*tiny_job_args(no_dropout_model, data, out, *steps), *CP_SETTINGS[setting]]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CP_STAND_IN", "1")
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+        get = shared_runs(tmp_path_factory, args)
+        return {setting: get(setting) for setting in CP_SETTINGS}
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("cp")
+@pytest.mark.parametrize("setting", ["cp-2", "shard-cp-2x2"])
+def test_context_parallel_runs_give_ddps_losses(cp_runs: Any, setting: str) -> None:
+    reference, got = read_metrics(cp_runs["ddp-2"]), read_metrics(cp_runs[setting])
+    assert sorted(got) == sorted(reference) == list(range(1, 7))
+    for step in reference:
+        assert got[step]["loss"] == pytest.approx(reference[step]["loss"], abs=1e-4), step
+        # (AdamW would hide gradients scaled by a constant from the losses; their norm does not)
+        assert got[step]["grad_norm"] == pytest.approx(reference[step]["grad_norm"], rel=1e-4), step
+    summary = json.loads((cp_runs[setting] / "run.json").read_text())
+    shape = {"cp-2": {"cp": 2}, "shard-cp-2x2": {"dp_shard": 2, "cp": 2}}[setting]
+    assert summary["mesh"]["shape"] == shape and summary["distributed_type"] == "DistributedType.FSDP"
+    assert summary["mesh"]["coordinates"]["1"]["cp"] == 1
