@@ -56,11 +56,11 @@ def _precision(requested: str) -> str:
 
 
 #: ``--mesh`` dimension names -> the fsdp strategy's options
-MESH_DIMENSIONS = {"replicate": "dp_replicate", "shard": "dp_shard", "tp": "tp"}
+MESH_DIMENSIONS = {"replicate": "dp_replicate", "shard": "dp_shard", "cp": "cp", "tp": "tp"}
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    """``replicate=2,shard=4,tp=2`` -> ``{"dp_replicate": 2, "dp_shard": 4, "tp": 2}`` (UserError naming --mesh)."""
+    """``replicate=2,shard=4,cp=2,tp=2`` -> ``{"dp_replicate": 2, "dp_shard": 4, "cp": 2, "tp": 2}`` (UserError naming --mesh)."""
     from acc_train.errors import UserError
 
     out: dict[str, int] = {}
@@ -70,7 +70,7 @@ def parse_mesh(text: str) -> dict[str, int]:
             raise UserError(
                 f"cannot read mesh dimension {part!r}",
                 where="--mesh",
-                hint=f"give NAME=SIZE pairs, NAME one of {', '.join(MESH_DIMENSIONS)} (context parallelism is not built), e.g. replicate=2,shard=4,tp=2",
+                hint=f"give NAME=SIZE pairs, NAME one of {', '.join(MESH_DIMENSIONS)}, e.g. replicate=2,shard=4,tp=2",
             )
         out[MESH_DIMENSIONS[name.strip()]] = int(value)
     if not out:
@@ -110,7 +110,8 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None) -> dict[str, Any]:
             return
         # recomputed: the strategy's own checkpointing (FSDP's), or transformers' under any strategy
         recompute = mp.recompute or cfg.training.gradient_checkpointing
-        act = activation_bytes(shape, mbs, seq, precision if inp.param_bytes == 4 else dtype, recompute=recompute)
+        cp = getattr(strategy.options, "cp", None) or 1  # context parallelism: each rank runs 1/cp of every row
+        act = activation_bytes(shape, mbs, seq // cp, precision if inp.param_bytes == 4 else dtype, recompute=recompute)
         rows.append(
             {
                 "label": label,
@@ -142,8 +143,8 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None) -> dict[str, Any]:
     if mesh is not None:
         variant = resolve_strategy("fsdp", {"version": 2, **mesh})
         sizes = variant.mesh_sizes(inp.world_size)  # refuses a mesh that does not fit the world
-        tp = f",tp={sizes['tp']}" if "tp" in sizes else ""
-        add(f"fsdp2 mesh replicate={sizes['dp_replicate']},shard={sizes['dp_shard']}{tp}", variant, False)
+        inner = "".join(f",{n}={sizes[n]}" for n in ("cp", "tp") if n in sizes)
+        add(f"fsdp2 mesh replicate={sizes['dp_replicate']},shard={sizes['dp_shard']}{inner}", variant, False)
     return {
         "model": shape.name,
         "parameters": shape.parameters,
@@ -227,7 +228,7 @@ def _print_table(data: dict[str, Any]) -> None:
 @click.option("--micro-batch-size", type=int, metavar="N", help="Sequences per process per micro-batch (for the activations).")
 @click.option("--mixed-precision", type=click.Choice(["auto", "no", "bf16", "fp16"]), help="auto: bf16 where native here, else fp32.")
 @click.option("--set", "sets", multiple=True, metavar="KEY.PATH=VALUE", help="Set any config key (repeatable), e.g. data.seq_len=2048.")
-@click.option("--mesh", "mesh", metavar="DIMS", help="Also plan FSDP2 over this mesh, e.g. replicate=2,shard=4 (HSDP) or shard=4,tp=2 (FSDP x TP); product = processes.")
+@click.option("--mesh", "mesh", metavar="DIMS", help="Also plan FSDP2 over this mesh, e.g. replicate=2,shard=4 (HSDP), shard=4,tp=2 (FSDP x TP) or shard=2,cp=4 (FSDP x CP); product = processes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes).")
 @click.pass_context
 @user_errors

@@ -84,6 +84,8 @@ class Accelerator(accelerate.Accelerator):
         if strategy is None:
             strategy = strategy_from_env()
         machine = current_machine()
+        if job is not None:
+            strategy.check_job(job.config)
         strategy.check_environment(machine)
         merged = _merge_kwargs(strategy.accelerator_kwargs(job), kwargs)
         timeout = collective_timeout_handler(job)
@@ -116,6 +118,14 @@ class Accelerator(accelerate.Accelerator):
         strategy's mesh (1 without one). Counts summed over all ranks count its batches this often."""
         config = self.parallelism_config
         return config.non_data_parallel_size if config is not None else 1
+
+    @property
+    def loss_replicas(self) -> int:
+        """Processes that compute the same loss: a tensor-parallel group (1 without one). The
+        ranks of a context-parallel group read one batch but each holds a different part of its
+        rows, so their losses are parts of the batch's, and gradients are averaged over them."""
+        config = self.parallelism_config
+        return config.tp_size if config is not None else 1
 
     @property
     def data_parallel_size(self) -> int:

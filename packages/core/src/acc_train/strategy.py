@@ -127,6 +127,11 @@ class Strategy(ABC, Generic[OptionsT]):
         """Raise :class:`acc_train.UserError` with a hint when this strategy cannot run on
         ``machine`` as configured. A strategy never silently becomes another."""
 
+    def check_job(self, config: Any) -> None:
+        """Raise :class:`acc_train.UserError` when this strategy as configured cannot train the
+        job's settings (``config``: the validated ``JobConfig``), e.g. a sequence length a
+        context-parallel size must divide. Called before launch and in every worker."""
+
     def check_model(self, model: Any) -> None:
         """Raise :class:`acc_train.UserError` when this strategy as configured cannot split
         ``model`` (built on the meta device before launch, e.g. heads a tensor-parallel size must divide)."""

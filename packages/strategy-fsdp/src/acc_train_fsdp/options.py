@@ -43,6 +43,7 @@ V2_ONLY = {
     "dp_shard": "dp_shard",
     "tp": "tp (tensor parallelism)",
     "cp": "cp (context parallelism)",
+    "cp_comm_strategy": "cp_comm_strategy (context parallelism)",
 }
 
 
@@ -88,9 +89,15 @@ class FSDPOptions(StrategyOptions):
     #: processes that read the same batches (innermost mesh dimension); dp_replicate x dp_shard
     #: x tp is the world size. ``tp`` alone (dp_shard 1) is pure tensor parallelism, no FSDP.
     tp: int | None = Field(None, ge=1)
-    #: FSDP2 mesh: context-parallel size; refused (acc-train's loop does not run torch's
-    #: ``context_parallel``, which is CUDA only).
+    #: FSDP2 mesh: context-parallel size, torch's ``context_parallel`` (ring attention over
+    #: SDPA) through Accelerate: each row's tokens are split over ``cp`` processes that read the
+    #: same batches (between dp_shard and tp in the mesh), and FSDP shards over dp_shard x cp.
+    #: dp_replicate x dp_shard x cp x tp is the world size. CUDA only (torch has no CPU kernel
+    #: for it); needs ``sdpa`` attention, packed rows and ``data.seq_len`` divisible by 2 x cp.
     cp: int | None = Field(None, ge=1)
+    #: How context-parallel ranks exchange keys and values: ``allgather`` or ``alltoall``
+    #: (Accelerate's ``cp_comm_strategy``; default: Accelerate's, allgather).
+    cp_comm_strategy: Literal["allgather", "alltoall"] | None = None
 
     @model_validator(mode="after")
     def _version_specific(self) -> FSDPOptions:
@@ -110,6 +117,8 @@ class FSDPOptions(StrategyOptions):
             for key in V1_ONLY_PRECISION:
                 if getattr(self.mixed_precision_policy, key) is not None:
                     raise ValueError(f"mixed_precision_policy.{key} is an FSDP1 option; FSDP2 keeps buffers in their own dtype")
+        if self.cp_comm_strategy is not None and self.cp in (None, 1):
+            raise ValueError("cp_comm_strategy is used by context parallelism only (set cp above 1, or drop it)")
         if self.activation_checkpointing and self.auto_wrap_policy == "none":
             raise ValueError("activation_checkpointing needs a wrap policy that selects layers (auto_wrap_policy is none)")
         if self.min_num_params is not None and self.auto_wrap_policy != "size":

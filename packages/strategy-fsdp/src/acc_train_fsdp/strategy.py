@@ -46,7 +46,8 @@ class FSDPStrategy(Strategy[FSDPOptions]):
 
     def equivalent_to_ddp(self) -> bool:
         options = self.options
-        return options.mixed_precision_policy is None  # its own casts change the arithmetic
+        # its own casts change the arithmetic; context parallelism drops the packed rows' masks
+        return options.mixed_precision_policy is None and options.cp in (None, 1)
 
     def compile_problem(self, settings: Any) -> str | None:
         """Compiled as Accelerate does it (the model before ``fully_shard`` under FSDP2, the FSDP
@@ -57,6 +58,8 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             return "fullgraph: true does not run under FSDP (its hooks break the graph); set training.compile.fullgraph=false"
         if self.options.tp not in (None, 1):
             return "compiling a tensor-parallel model (strategy.tp) was not tried; drop training.compile or strategy.tp"
+        if self.options.cp not in (None, 1):
+            return "compiling a context-parallel model (strategy.cp, which patches SDPA while it runs) was not tried; drop training.compile or strategy.cp"
         return None
 
     def check_environment(self, machine: Machine) -> None:
@@ -68,6 +71,10 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 hint="drop cpu_offload (or the fsdp-offload preset) on a CPU-only run",
             )
         self.mesh_sizes(machine.world_size)  # refuses sizes that do not fit the world
+        if options.cp not in (None, 1) and machine.device_type == "cpu":
+            from acc_train_fsdp.context_parallel import refuse_cp_on_cpu
+
+            refuse_cp_on_cpu(options.cp)
         if options.sharding_strategy in ("hybrid_shard", "hybrid_shard_zero2") and machine.num_machines < 2:
             raise UserError(
                 f"{options.sharding_strategy} shards within a machine and replicates across machines; this run has one machine",
@@ -77,12 +84,23 @@ class FSDPStrategy(Strategy[FSDPOptions]):
 
     def check_model(self, model: Any) -> None:
         """``tp`` must divide the model's attention heads (query and key/value), and cannot cut
-        a model PEFT has wrapped (:meth:`_tensor_parallel`)."""
+        a model PEFT has wrapped (:meth:`_tensor_parallel`); ``cp`` needs SDPA attention."""
         if self.options.tp not in (None, 1):
             from acc_train_fsdp.tensor_parallel import check_tp_fits
 
             self._refuse_adapters(model)
             check_tp_fits(model.config, self.options.tp)
+        if self.options.cp not in (None, 1):
+            from acc_train_fsdp.context_parallel import check_cp_model
+
+            check_cp_model(model, self.options.cp)
+
+    def check_job(self, config: Any) -> None:
+        """``cp`` needs rows it can cut: ``data.seq_len`` divisible by 2 x cp, packed, SDPA."""
+        if self.options.cp not in (None, 1):
+            from acc_train_fsdp.context_parallel import check_cp_job
+
+            check_cp_job(config, self.options.cp)
 
     @staticmethod
     def _refuse_adapters(model: Any) -> None:
@@ -94,29 +112,31 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             )
 
     def mesh_sizes(self, world_size: int) -> dict[str, int] | None:
-        """``{"dp_replicate": R, "dp_shard": S}`` (and ``"tp": T`` when ``tp`` is above 1) for a run
-        of ``world_size`` processes when the options ask for a mesh (an unset data-parallel size is
-        the world size divided by tp and the other); None for plain FSDP. Sizes whose product is
-        not the world size, and combinations that cannot run, are a UserError naming the option."""
+        """``{"dp_replicate": R, "dp_shard": S}`` (and ``"cp": C``, ``"tp": T`` when above 1) for a
+        run of ``world_size`` processes when the options ask for a mesh (an unset data-parallel
+        size is the world size divided by cp x tp and the other); None for plain FSDP. Sizes whose
+        product is not the world size, and combinations that cannot run, are a UserError naming
+        the option."""
         options = self.options
-        replicate, shard, tp = options.dp_replicate, options.dp_shard, options.tp or 1
-        if options.cp not in (None, 1):
-            raise UserError(
-                f"cp: {options.cp} asks for context parallelism, which acc-train does not run: torch's context_parallel is "
-                "CUDA only (no CPU/gloo), and the training loop does not enter Accelerate's context-parallel forward",
-                where="strategy.cp",
-                hint="drop strategy.cp (or set it to 1)",
-            )
-        if replicate is None and shard is None and tp == 1:
+        replicate, shard, tp, cp = options.dp_replicate, options.dp_shard, options.tp or 1, options.cp or 1
+        if replicate is None and shard is None and tp == 1 and cp == 1:
             return None
-        if world_size % tp:
+        for name, size in (("tp", tp), ("cp", cp)):
+            if world_size % size:
+                raise UserError(
+                    f"{name}: {size} does not divide the world size ({world_size} processes)",
+                    where=f"strategy.{name}",
+                    hint=f"choose a divisor of {world_size}, or change --num-processes / --num-machines",
+                )
+        if world_size % (tp * cp):
             raise UserError(
-                f"tp: {tp} does not divide the world size ({world_size} processes)",
-                where="strategy.tp",
-                hint=f"choose a divisor of {world_size}, or change --num-processes / --num-machines",
+                f"cp x tp = {cp} x {tp} = {cp * tp} does not divide the world size ({world_size} processes)",
+                where="strategy.cp",
+                hint=f"make cp x tp a divisor of {world_size}",
             )
-        data = world_size // tp  # processes that read different batches
-        per = f"the world size / tp ({world_size} / {tp} = {data})" if tp > 1 else f"the world size ({world_size} processes)"
+        data = world_size // (tp * cp)  # processes that read different batches
+        inner = " x ".join(n for n, size in (("cp", cp), ("tp", tp)) if size > 1)
+        per = f"the world size / {inner} ({world_size} / {tp * cp} = {data})" if tp * cp > 1 else f"the world size ({world_size} processes)"
         if replicate is None and shard is None:
             replicate, shard = 1, data
         elif replicate is None or shard is None:
@@ -129,10 +149,12 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 )
             other = data // size  # type: ignore[operator]
             replicate, shard = (size, other) if shard is None else (other, size)
-        if replicate * shard * tp != world_size:
-            names, sizes = ("dp_replicate x dp_shard", f"{replicate} x {shard}") if tp == 1 else ("dp_replicate x dp_shard x tp", f"{replicate} x {shard} x {tp}")
+        if replicate * shard * cp * tp != world_size:
+            dims = [("dp_replicate", replicate), ("dp_shard", shard), ("cp", cp), ("tp", tp)]
+            dims = [(n, size) for n, size in dims if n.startswith("dp") or size > 1]
+            names, sizes = " x ".join(n for n, _ in dims), " x ".join(str(size) for _, size in dims)
             raise UserError(
-                f"{names} = {sizes} = {replicate * shard * tp}, and the run has {world_size} processes",
+                f"{names} = {sizes} = {replicate * shard * cp * tp}, and the run has {world_size} processes",
                 where="strategy.dp_replicate",
                 hint=f"make the product {world_size} (processes per machine x machines), or set only one of them",
             )
@@ -145,14 +167,20 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             )
         if tp > 1 and options.version == 2 and options.cpu_offload:
             raise UserError("cpu_offload with tp (FSDP x TP offloading) was not tried", where="strategy.tp", hint="drop cpu_offload or tp")
+        if cp > 1 and replicate > 1 and shard == 1:
+            raise UserError(
+                "dp_replicate above 1 with cp and no dp_shard: Accelerate refuses context parallelism with pure data parallelism",
+                where="strategy.dp_replicate",
+                hint=f"use dp_shard: {replicate} instead (FSDP x CP), or dp_replicate with dp_shard above 1 (HSDP x CP)",
+            )
         sizes = {"dp_replicate": replicate, "dp_shard": shard}
-        return {**sizes, "tp": tp} if tp > 1 else sizes
+        return {**sizes, **{n: size for n, size in (("cp", cp), ("tp", tp)) if size > 1}}
 
     def _pure_tp(self, world_size: int) -> bool:
         """Tensor parallelism alone (``tp`` is the world size): no FSDP, Accelerate's plain
         multi-process type with the mesh (Accelerate refuses FSDP with nothing to shard over)."""
         sizes = self.mesh_sizes(world_size)
-        return sizes is not None and sizes.get("tp", 1) > 1 and sizes["dp_replicate"] == sizes["dp_shard"] == 1
+        return sizes is not None and sizes.get("tp", 1) > 1 and sizes.get("cp", 1) == 1 and sizes["dp_replicate"] == sizes["dp_shard"] == 1
 
     def _parallelism_config(self) -> Any:
         """Accelerate's ``ParallelismConfig`` for the mesh options (None without them)."""
@@ -163,7 +191,12 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             return None
         from accelerate.parallelism_config import ParallelismConfig
 
-        return ParallelismConfig(dp_replicate_size=sizes["dp_replicate"], dp_shard_size=sizes["dp_shard"], tp_size=sizes.get("tp", 1))
+        cp: dict[str, Any] = {}
+        if sizes.get("cp", 1) > 1:  # torch's context_parallel; the exchange Accelerate's default unless set
+            from accelerate.utils import TorchContextParallelConfig
+
+            cp = {"cp_size": sizes["cp"], "cp_handler": TorchContextParallelConfig(cp_comm_strategy=self.options.cp_comm_strategy)}
+        return ParallelismConfig(dp_replicate_size=sizes["dp_replicate"], dp_shard_size=sizes["dp_shard"], tp_size=sizes.get("tp", 1), **cp)
 
     def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         import torch
@@ -178,6 +211,12 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 "data.streaming with strategy.tp was not tried (each tp group must read one stream share, and resume it)",
                 where="strategy.tp",
                 hint="drop data.streaming (cached data works with tp) or strategy.tp",
+            )
+        if options.cp not in (None, 1):
+            warn_once_per_machine(
+                "strategy.cp: attention is causal over each whole row (Accelerate drops the attention mask for "
+                "context parallelism), so the tokens of a packed row's examples attend to the examples before them "
+                "in the row, which they do not without cp"
             )
         if self._pure_tp(current_machine().world_size):  # no FSDP: the mesh alone (on CPU: after_accelerator)
             return {} if on_cpu else {"parallelism_config": self._parallelism_config()}
@@ -393,11 +432,11 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         return {"shape": dict(zip(names, mesh.mesh.shape)), "coordinates": coordinates}
 
     def parameter_shards(self, machine: Machine) -> int:
-        """The world size; the processes per machine under hybrid sharding; ``dp_shard`` x ``tp``
-        on a mesh; 1 under no_shard."""
+        """The world size; the processes per machine under hybrid sharding; ``dp_shard`` x ``cp``
+        x ``tp`` on a mesh (FSDP shards over dp_shard x cp); 1 under no_shard."""
         mesh = self.mesh_sizes(machine.world_size)
         if mesh is not None:
-            return mesh["dp_shard"] * mesh.get("tp", 1)
+            return mesh["dp_shard"] * mesh.get("cp", 1) * mesh.get("tp", 1)
         how = self._sharding()
         if how == "no_shard":
             return 1
@@ -431,15 +470,19 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         if how.startswith("hybrid_shard"):  # sharded within a machine, replicated across machines
             n = plan.local_world_size or n
             how = "shard_grad_op" if how == "hybrid_shard_zero2" else "full_shard"
-        mesh = self.mesh_sizes(n) if (options.dp_replicate or options.dp_shard or options.tp) else None
-        if mesh is not None:  # HSDP: each replica shards over dp_shard processes; tp cuts each shard again
-            n = mesh["dp_shard"] * mesh.get("tp", 1)
+        mesh = self.mesh_sizes(n) if (options.dp_replicate or options.dp_shard or options.tp or options.cp) else None
+        if mesh is not None:  # HSDP: each replica shards over dp_shard (x cp) processes; tp cuts each shard again
+            n = mesh["dp_shard"] * mesh.get("cp", 1) * mesh.get("tp", 1)
         offload = {"params": "cpu", "grads": "cpu", "optimizer": "cpu"} if options.cpu_offload else {}
         notes = ["N = processes per machine (hybrid sharding)"] if n != plan.world_size and mesh is None else []
-        if mesh is not None and "tp" in mesh:
-            notes.append(f"mesh dp_replicate={mesh['dp_replicate']} x dp_shard={mesh['dp_shard']} x tp={mesh['tp']}: N = dp_shard x tp (norm weights whole on each tp rank)")
-        elif mesh is not None:
-            notes.append(f"mesh dp_replicate={mesh['dp_replicate']} x dp_shard={mesh['dp_shard']}: N = dp_shard")
+        if mesh is not None:
+            cp = f" x cp={mesh['cp']}" if "cp" in mesh else ""
+            tp = f" x tp={mesh['tp']}" if "tp" in mesh else ""
+            factors = "dp_shard" + (" x cp" if cp else "") + (" x tp" if tp else "")
+            whole = " (norm weights whole on each tp rank)" if tp else ""
+            notes.append(f"mesh dp_replicate={mesh['dp_replicate']} x dp_shard={mesh['dp_shard']}{cp}{tp}: N = {factors}{whole}")
+            if cp:
+                notes.append("activations: each rank runs 1/cp of every row (s = seq_len / cp)")
         gathered = 2 if plan.low_precision or plan.low_precision_weights else 4
         if how == "shard_grad_op":
             params = b * psi // n + gathered * psi

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point
-from acc_train.loop.loss import eval_loss, step_windows, token_loss
+from acc_train.loop.loss import eval_loss, sequence_shards, step_windows, token_loss
 from acc_train.plugins import call_lifecycle
 from acc_train.run import RunContext
 
@@ -90,6 +90,9 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     cfg = run.job.config
     t_cfg = cfg.training
     world = accelerator.data_parallel_size
+    # ranks whose losses are different parts of the step's: data-parallel ranks and the parts of
+    # a context-parallel group; strategies average gradients over them
+    loss_parts = accelerator.num_processes // accelerator.loss_replicas
     tokens_per_step = t_cfg.micro_batch_size * cfg.data.seq_len * t_cfg.gradient_accumulation_steps * world
     result = LoopResult(start_step=state.step)
     elapsed_before = state.elapsed_s  # training time of the runs this one resumes
@@ -114,9 +117,10 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
             if result.first_batch_at is None:
                 result.first_batch_at = time.time()
             with accelerator.accumulate(model):
-                loss = token_loss(model, batch, step_tokens)  # this micro-batch's share of the step's per-token mean
-                # strategies average gradients over ranks and divide them by the accumulation steps
-                accelerator.backward(loss * world * t_cfg.gradient_accumulation_steps)
+                with sequence_shards(accelerator, batch) as part:  # (this rank's part of each row under context parallelism)
+                    loss = token_loss(model, part, step_tokens)  # this micro-batch's share of the step's per-token mean
+                    # strategies average gradients over ranks and divide them by the accumulation steps
+                    accelerator.backward(loss * loss_parts * t_cfg.gradient_accumulation_steps)
                 if accelerator.sync_gradients:  # without clipping, the norm is still measured
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm or math.inf)
                     if meter is not None:
@@ -143,7 +147,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
             metrics: dict[str, Any] = {"step": state.step, "epoch": state.epoch}
             last = state.step >= run.max_steps
             if state.step % t_cfg.log_every == 0 or last:
-                mean_loss = accelerator.reduce(loss_sum, reduction="sum") / accelerator.batch_replicas  # the shares of the step's per-token mean
+                mean_loss = accelerator.reduce(loss_sum, reduction="sum") / accelerator.loss_replicas  # the shares of the step's per-token mean
                 result.last_loss = float(mean_loss.item())
                 result.best_loss = result.last_loss if result.best_loss is None else min(result.best_loss, result.last_loss)
                 metrics.update(

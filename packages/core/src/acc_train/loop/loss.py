@@ -8,16 +8,27 @@ same global batch then trains differently on 2 ranks x 4 rows than on 1 rank x 8
 resume under another world size would not continue its run. As transformers' Trainer does
 (``num_items_in_batch``), each micro-batch's loss is the SUM of its token losses divided by the
 tokens the whole step counts, summed over every rank before the step's first forward.
+
+Under context parallelism (Accelerate's ``ParallelismConfig.cp_size``) the ranks of a cp group
+read one batch and each runs a part of every row (:func:`sequence_shards`): labels are shifted
+before the rows are cut (a shift inside a part would lose the label at each cut), and each
+rank's sum is its part of the batch's, so the step's loss is the sum over the group.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from acc_train.data.rows import IGNORE_INDEX
+from acc_train.errors import UserError
 
-__all__ = ["step_windows", "token_loss", "eval_loss"]
+__all__ = ["SHIFTED_LABELS", "step_windows", "sequence_shards", "token_loss", "eval_loss"]
+
+#: a batch's labels already shifted by one (the label of each position's next token), set by
+#: :func:`sequence_shards`; the model never sees them
+SHIFTED_LABELS = "shift_labels"
 
 
 def _counted(batch: dict[str, Any]) -> Any:
@@ -48,15 +59,48 @@ def _with_total(window: list[dict[str, Any]], accelerator: Any, torch: Any) -> I
         yield batch, max(total, 1)
 
 
+@contextmanager
+def sequence_shards(accelerator: Any, batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The batch to run forward and backward on, inside Accelerate's context-parallel context
+    when the accelerator's mesh has a cp dimension: token ids, labels shifted by one and
+    position ids cut to this rank's part of every row (torch's ``context_parallel``, which
+    patches SDPA into ring attention until the context ends; backward runs inside it too).
+    Without context parallelism, the batch itself and no context."""
+    config = getattr(accelerator, "parallelism_config", None)
+    if config is None or not config.cp_enabled:
+        yield batch
+        return
+    import torch
+
+    if "attention_mask" in batch:
+        raise UserError(
+            "context parallelism (the mesh's cp dimension) cannot take rows padded per batch: its ring attention takes no attention mask",
+            where="data.packing",
+            hint="set data.packing=true, or run without context parallelism",
+        )
+    ids, labels = batch["input_ids"], batch["labels"]
+    positions = batch.get("position_ids")
+    if positions is None:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    positions = positions.contiguous()
+    shifted = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
+    buffers = [ids, shifted, positions]
+    with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(buffers)):
+        yield {"input_ids": ids, "position_ids": positions, SHIFTED_LABELS: shifted}
+
+
 def _token_losses(model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
     """(sum of the batch's token losses, their number); the model runs without labels and
     without a KV cache (with one, transformers does not build the packed rows' mask)."""
     import torch.nn.functional as F
 
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    inputs = {k: v for k, v in batch.items() if k not in ("labels", SHIFTED_LABELS)}
     logits = model(**inputs, use_cache=False).logits
-    labels = batch["labels"][:, 1:].reshape(-1)
-    summed = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    if SHIFTED_LABELS in batch:  # this rank's part of each row, labels shifted before the cut
+        labels = batch[SHIFTED_LABELS].reshape(-1)
+    else:
+        labels, logits = batch["labels"][:, 1:].reshape(-1), logits[:, :-1]
+    summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
     return summed, (labels != IGNORE_INDEX).sum()
 
 
@@ -75,7 +119,8 @@ def eval_loss(accelerator: Any, model: Any, eval_dl: Any) -> float:
     count = torch.zeros((), device=accelerator.device, dtype=torch.long)
     with torch.no_grad():
         for batch in eval_dl:
-            summed, n = _token_losses(model, batch)
+            with sequence_shards(accelerator, batch) as part:  # a cp rank counts its part of the rows
+                summed, n = _token_losses(model, part)
             total += summed.float()
             count += n.to(count.device)
     model.train()
