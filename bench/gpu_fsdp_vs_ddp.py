@@ -23,6 +23,11 @@ document (so no row holds an example start, whose mask cp would drop: the arithm
 same), in fp32 for the losses (max |difference| per step against no cp) and in bf16 at
 ``--cp-seq-len`` for tokens/s and peak memory. CP needs 2 or more GPUs (one GPU is a world of
 one: nothing to cut a row over); with fewer the rows are skipped with the reason printed.
+
+``--mesh replicate=2 tp=2 shard=4,tp=2`` adds FSDP2 over those meshes (HSDP, tensor parallelism,
+FSDP x TP; names as in ``acc-train plan --mesh``) to the table, each against DDP; a mesh that does
+not fit the GPUs is skipped with acc-train's reason. The micro-batch is per data-parallel rank
+(a tp group reads one batch), and tokens/s counts each batch once.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", choices=("off", "on", "both"), default="off")
     parser.add_argument("--attn-implementation", help="model.attn_implementation (default: transformers' choice, sdpa)")
     parser.add_argument("--strategies", nargs="+", default=["ddp", "fsdp", "zero3"])
+    parser.add_argument(
+        "--mesh", nargs="*", default=[], metavar="DIMS",
+        help="also FSDP2 over these meshes, named as in `acc-train plan --mesh`: e.g. replicate=2 tp=2 shard=4,tp=2 (skipped when they do not fit the GPUs)",
+    )  # fmt: skip
     parser.add_argument("--context-parallel", action="store_true", help="also run the context-parallel rows (strategy.cp; 2+ GPUs)")
     parser.add_argument("--cp-only", action="store_true", help="run only the context-parallel rows")
     parser.add_argument("--cp-seq-len", type=int, default=8192, help="sequence length of the cp throughput rows")
@@ -63,10 +72,11 @@ def main() -> None:
     settings = {"off": [False], "on": [True], "both": [False, True]}[args.gradient_checkpointing]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for strategy, checkpointing in ((s, c) for s in args.strategies for c in settings):
-            label = strategy + (" +gc" if checkpointing else "")
-            out = Path(tmp) / label.replace(" +", "-")
-            extra = ["--set", f"training.gradient_checkpointing={str(checkpointing).lower()}"]
+        runs = [(s, s, []) for s in args.strategies] + [(f"fsdp[{m}]", "fsdp", mesh_sets(m)) for m in args.mesh]
+        for (name, strategy, mesh), checkpointing in ((r, c) for r in runs for c in settings):
+            label = name + (" +gc" if checkpointing else "")
+            out = Path(tmp) / f"run{len(rows)}"
+            extra = [*mesh, "--set", f"training.gradient_checkpointing={str(checkpointing).lower()}"]
             if args.attn_implementation:
                 extra += ["--set", f"model.attn_implementation={args.attn_implementation}"]
             cmd = [
@@ -79,6 +89,9 @@ def main() -> None:
                 "--set", "data.eval_fraction=0", *extra,
             ]  # fmt: skip
             proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode == 2 and mesh:  # refused before launch (a mesh that does not fit these GPUs): say why, go on
+                print(f"{label}: skipped: {proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else 'exit 2'}")
+                continue
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 sys.exit(f"{label} failed")
@@ -100,6 +113,21 @@ def main() -> None:
         plain = by_label.get(r[0].removesuffix(" +gc"))
         if r[0].endswith(" +gc") and plain is not None:
             print(f"{r[0]} against {plain[0]}: peak memory {r[5] / plain[5]:.3f}, tokens/s {r[3] / plain[3]:.3f}")
+
+
+#: ``acc-train plan --mesh`` names -> the fsdp strategy's options
+MESH_OPTIONS = {"replicate": "dp_replicate", "shard": "dp_shard", "tp": "tp", "cp": "cp"}
+
+
+def mesh_sets(dims: str) -> list[str]:
+    """``shard=4,tp=2`` -> ``--set strategy.dp_shard=4 --set strategy.tp=2``."""
+    out: list[str] = []
+    for part in dims.split(","):
+        name, _, size = part.partition("=")
+        if name.strip() not in MESH_OPTIONS or not size.strip().isdigit():
+            sys.exit(f"--mesh {dims!r}: give NAME=SIZE pairs, NAME one of {', '.join(MESH_OPTIONS)}")
+        out += ["--set", f"strategy.{MESH_OPTIONS[name.strip()]}={int(size)}"]
+    return out
 
 
 def _train(out: Path, *args: str) -> dict:

@@ -64,7 +64,7 @@ class ParallelismSection(BaseModel):
     parallelism_config_tp_size: StrictInt = Field(1, ge=1)
     parallelism_config_cp_size: StrictInt = Field(1, ge=1)
     parallelism_config_cp_backend: Literal["torch"] = "torch"
-    parallelism_config_cp_comm_strategy: Literal["allgather", "alltoall"] = "allgather"
+    parallelism_config_cp_comm_strategy: Literal["allgather", "alltoall"] | None = None
     #: DeepSpeed's sequence parallelism (ALST/Ulysses): refused above 1 (not the fsdp strategy's)
     parallelism_config_sp_size: StrictInt = Field(1, ge=1)
 
@@ -102,15 +102,11 @@ def mesh_from_parallelism_config(section: Any, version: int) -> dict[str, Any]:
             where="parallelism_config.parallelism_config_sp_size",
             hint="use parallelism_config_cp_size (context parallelism) or remove sp_size",
         )
-    if parsed.parallelism_config_cp_comm_strategy != "allgather":
-        raise UserError(
-            "cp_comm_strategy alltoall is not run by acc-train (torch's default allgather rotation is)",
-            where="parallelism_config.parallelism_config_cp_comm_strategy",
-            hint="remove parallelism_config_cp_comm_strategy or set it to allgather",
-        )
     sizes = {option: getattr(parsed, f"parallelism_config_{key}") for key, option in MESH.items()}
     out = {"dp_replicate": sizes["dp_replicate"], "dp_shard": sizes["dp_shard"]}
     out.update({key: sizes[key] for key in ("tp", "cp") if sizes[key] > 1})
+    if sizes["cp"] > 1 and parsed.parallelism_config_cp_comm_strategy is not None:  # written by `accelerate config` with cp only
+        out["cp_comm_strategy"] = parsed.parallelism_config_cp_comm_strategy
     return out
 
 

@@ -192,10 +192,10 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         from accelerate.parallelism_config import ParallelismConfig
 
         cp: dict[str, Any] = {}
-        if sizes.get("cp", 1) > 1:  # torch's context_parallel; the exchange Accelerate's default unless set
+        if sizes.get("cp", 1) > 1:  # torch's context_parallel; the exchange Accelerate's default (not the shell's PARALLELISM_CONFIG_*) unless set
             from accelerate.utils import TorchContextParallelConfig
 
-            cp = {"cp_size": sizes["cp"], "cp_handler": TorchContextParallelConfig(cp_comm_strategy=self.options.cp_comm_strategy)}
+            cp = {"cp_size": sizes["cp"], "cp_handler": TorchContextParallelConfig(cp_comm_strategy=self.options.cp_comm_strategy or "allgather")}
         return ParallelismConfig(dp_replicate_size=sizes["dp_replicate"], dp_shard_size=sizes["dp_shard"], tp_size=sizes.get("tp", 1), **cp)
 
     def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
