@@ -106,3 +106,14 @@ def test_parameter_shards_and_the_reported_stage_come_from_what_runs() -> None:
 
     assert resolve_strategy("zero3").summary(Prepared()) == {"zero_stage": 2}
     assert resolve_strategy("zero3").summary(Unprepared()) == {"zero_stage": None}
+
+
+def test_zero_stage_0_is_refused_before_launch_with_what_to_use(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_cli("--strategy", "deepspeed", "--set", "strategy.stage=0", "--num-processes", "2", "--output-dir", str(out))
+    assert proc.returncode == 2 and "strategy.stage: ZeRO stage 0" in proc.stderr and "--strategy ddp" in proc.stderr
+    silent = tmp_path / "ds.json"  # DeepSpeed's own default is stage 0
+    silent.write_text('{"train_micro_batch_size_per_gpu": "auto"}')
+    proc = run_cli("--strategy", "deepspeed", "--set", f"strategy.config_file={silent}", "--num-processes", "2", "--output-dir", str(out))
+    assert proc.returncode == 2 and f"{silent}: zero_optimization.stage" in proc.stderr and "without zero_optimization.stage means stage 0" in proc.stderr
+    assert not out.exists()

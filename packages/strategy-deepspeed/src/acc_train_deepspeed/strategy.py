@@ -29,7 +29,7 @@ DEEPSPEED_REDUCE_BUCKET = 500_000_000
 
 #: What ZeRO keeps of a model loaded in bf16/fp16 (``model.dtype``) when its own bf16/fp16 mode is
 #: off (``training.mixed_precision: no``), measured with DeepSpeed 0.19.8 on 2 CPU ranks, by ZeRO
-#: ``stage``; stage 0 was not measured (its checkpoint save fails here, fp32 too)
+#: ``stage``; stage 0 is refused before launch (check_environment)
 _LOW_PRECISION_WEIGHTS = {
     0: "ZeRO-0 with model.dtype {dtype} was not measured; planned as ZeRO-1/2",
     1: "ZeRO-1/2 keep the parameters and gradients in {dtype} but step fp32 master partitions (12 bytes a parameter, sharded)",
@@ -122,6 +122,21 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
                 "CPU offload moves state from accelerator memory to CPU memory; this run has no accelerator, so it would do nothing",
                 where="strategy.offload_optimizer" if options.offload_optimizer == "cpu" else "strategy.offload_param",
                 hint="use zero2 / zero3 (without -offload) on a CPU-only run",
+            )
+        if options.config_file is None:
+            stage, where = options.zero_stage, "strategy.stage"
+        else:
+            stage, where = ds_zero_stage(read_ds_config(options.config_file), options.config_file), f"{options.config_file}: zero_optimization.stage"
+        if stage == 0:
+            # measured (DeepSpeed 0.19.8): stage 0 steps the plain torch optimizer (fp32) or its
+            # FP16_UnfusedOptimizer (bf16), whose state the portable checkpoint's ZeRO gather does
+            # not know: the first save (and final/) failed, fp32 and bf16 alike
+            raise UserError(
+                "ZeRO stage 0 (no partitioning) is not supported: its optimizer state cannot be saved as a portable "
+                "checkpoint, so the run would fail at its first save"
+                + (" (a DeepSpeed config without zero_optimization.stage means stage 0)" if options.config_file else ""),
+                where=where,
+                hint="use --strategy ddp (stage 0 is plain data parallelism) or ZeRO stage 1, 2 or 3",
             )
 
     def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
