@@ -127,3 +127,26 @@ def test_pure_bf16_only_when_asked_with_one_warning_and_the_plan_agrees(bf16_run
         assert rank["model_state_bytes"]["params"] == summary["model_parameters"] * 2
     assert stderr.count("no fp32 master copy") == 1, stderr[-3000:]
     _assert_plan_agrees(summary, bf16_plans["pure"]["ddp"])
+
+
+def _final_dtypes(run: Path) -> set[str]:
+    from safetensors import safe_open
+
+    dtypes = set()
+    for file in (run / "final").glob("*.safetensors"):
+        with safe_open(str(file), "pt") as f:
+            dtypes |= {str(f.get_slice(name).get_dtype()) for name in f.keys()}
+    return dtypes
+
+
+@pytest.mark.parametrize("strategy", sorted(BF16_STORED))
+def test_final_is_written_in_the_dtype_the_model_was_stored_in(bf16_runs: dict, runs: dict, strategy: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    final = bf16_runs[strategy][0] / "final"  # trained with fp32 masters (model.dtype: auto), stored in bf16
+    assert _final_dtypes(bf16_runs[strategy][0]) == {"BF16"}
+    assert json.loads((final / "config.json").read_text())["dtype"] == "bfloat16"
+    assert AutoModelForCausalLM.from_pretrained(final).dtype == torch.bfloat16
+    if strategy in runs:  # the fp32-stored model stays fp32
+        assert _final_dtypes(runs[strategy][0]) == {"F32"}

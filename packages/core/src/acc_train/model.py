@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from acc_train.config import JobConfig, ModelConfig
 
 __all__ = ["DEMO_MODEL_CONFIG", "TRAINING_DTYPES", "training_dtype", "build_model", "load_tokenizer", "check_model_path", "check_model_builds",
-           "meta_model", "model_config", "config_source", "check_attn_implementation", "FLASH_ATTENTION_PACKAGES", "enable_gradient_checkpointing"]
+           "meta_model", "model_config", "final_dtype", "config_source", "check_attn_implementation", "FLASH_ATTENTION_PACKAGES", "enable_gradient_checkpointing"]
 
 #: The demo model: a small Llama over the 256 byte values; ``model.config`` overrides these.
 DEMO_MODEL_CONFIG: dict[str, Any] = {
@@ -174,6 +174,21 @@ def training_dtype(mcfg: ModelConfig) -> Any:
     import torch
 
     return getattr(torch, TRAINING_DTYPES[mcfg.dtype])
+
+
+def final_dtype(config: JobConfig) -> Any:
+    """The torch dtype ``final/`` is written in: under ``model.dtype: auto`` the dtype the
+    pretrained checkpoint is stored in (its config.json, what transformers loads it as: a bf16
+    hub model fine-tuned with fp32 masters is written back in bf16, as HF Trainer and axolotl
+    leave it), fp32 for the demo model; otherwise the dtype ``model.dtype`` holds."""
+    import torch
+
+    if config.model.dtype != "auto" or config.model.name_or_path is None:
+        return training_dtype(config.model)
+    stored = getattr(model_config(config), "dtype", None)
+    if isinstance(stored, str):
+        stored = getattr(torch, stored, None)
+    return stored if stored in (torch.bfloat16, torch.float16) else torch.float32
 
 
 def build_model(config: JobConfig) -> Any:

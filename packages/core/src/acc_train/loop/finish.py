@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import statistics
+from pathlib import Path
 from typing import Any
 
 from acc_train.checkpoint import TrainerState
@@ -147,10 +148,26 @@ def write_run_json(run: RunContext, summary: dict[str, Any]) -> None:
         replace_file(run.output_dir / "run.json", json.dumps(summary, indent=2).encode())
 
 
+def _save_in_dtype(model: Any, state_dict: dict[str, Any], dtype: Any, directory: Path) -> None:
+    """``save_pretrained`` into ``directory`` (a fresh one, moved in afterwards) with the
+    floating-point weights cast to ``dtype`` (one at a time, each fp32 copy freed as it goes) and
+    config.json saying so."""
+    for name, value in state_dict.items():
+        if value.is_floating_point() and value.dtype != dtype:
+            state_dict[name] = value.to(dtype)
+    model.save_pretrained(directory, state_dict=state_dict)
+    config = directory / "config.json"  # save_pretrained writes the live parameters' dtype there
+    written = json.loads(config.read_text())
+    written["dtype"] = str(dtype).removeprefix("torch.")
+    config.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+
+
 def save_final(run: RunContext, tokenizer: Any) -> None:
-    """``final/``: the consolidated model as ``save_pretrained`` safetensors, moved in
+    """``final/``: the consolidated model as ``save_pretrained`` safetensors in
+    :func:`~acc_train.model.final_dtype` (a bf16-stored model is written back in bf16), moved in
     atomically; under ``model.lora``, the adapter directory PEFT loads onto the base model."""
     from acc_train.adapters import is_adapter_model, save_adapter
+    from acc_train.model import final_dtype
 
     accelerator, model, out = run.accelerator, run.model, run.output_dir
     state_dict = accelerator.acc_strategy.full_state_dict(accelerator, model)
@@ -160,7 +177,7 @@ def save_final(run: RunContext, tokenizer: Any) -> None:
         if is_adapter_model(unwrapped):
             save_adapter(unwrapped, state_dict, tmp)
         else:
-            unwrapped.save_pretrained(tmp, state_dict=state_dict)
+            _save_in_dtype(unwrapped, state_dict, final_dtype(run.job.config), tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         final = out / "final"
