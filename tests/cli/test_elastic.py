@@ -158,3 +158,32 @@ def test_a_machine_that_leaves_and_comes_back_resumes_the_run_from_the_latest_ch
     assert any("workers restarted (1 restart so far): resuming from" in err for _, err in logs)  # rank 0's machine says it
     assert "elastic: the workers were restarted 1 time(s)" in logs[0][0]
     assert_same_losses(read_metrics(out), read_metrics(ddp_run))
+
+
+@pytest.mark.parametrize(
+    ("votes", "agreed"),
+    [
+        # a machine that rejoined runs a fresh agent (restart count 0, nothing claimed) and holds rank 0: the others' 'auto' wins
+        ([(None, 0, False), ("auto", 1, True)], ("auto", 1, True)),
+        ([("auto", 0, True), (None, 2, True), (None, 0, False)], ("auto", 2, True)),
+        # a user's --resume is the same on every rank; a first attempt anywhere changes nothing
+        ([("runs/x/checkpoints/step-000010", 0, False)] * 2, ("runs/x/checkpoints/step-000010", 0, False)),
+        ([(None, 0, False)] * 3, (None, 0, False)),
+    ],
+)
+def test_every_rank_takes_the_same_resume_decision(monkeypatch: pytest.MonkeyPatch, votes: list, agreed: tuple) -> None:
+    """``_agree_on_resume``: every rank gathers every rank's (resume, restarts, again) and takes
+    the same answer, so no rank enters the collectives of a resume the others skip."""
+    import torch.distributed as dist
+
+    from acc_train import trainer
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: len(votes))
+
+    def all_gather_object(out: list, mine: object) -> None:
+        out[:] = votes
+
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    for mine in votes:  # whichever rank this is, the same answer
+        assert trainer._agree_on_resume(*mine) == agreed

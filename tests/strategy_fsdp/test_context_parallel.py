@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import WORDS, read_metrics, run_cli, shared_runs, tiny_job_args
+from tests.conftest import run_cli as run_cli_outside
 
 
 def _fsdp(**options: Any) -> Any:
@@ -49,9 +50,21 @@ def test_cp_is_refused_on_cpu_before_launch_with_the_measured_reason(tiny_model_
     assert not out.exists()
 
 
+def _stand_in_env(root: Path) -> dict[str, str]:
+    """The environment of a process that loads :data:`STAND_IN` (cp past the CPU refusal)."""
+    (root / "sitecustomize.py").write_text(STAND_IN)
+    return {"CP_STAND_IN": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+
+
 def test_cp_job_settings_are_checked_before_launch(tmp_path: Path) -> None:
+    """On CPU the refusal of cp comes first (above); past it, as on GPUs, the job's settings."""
     out = tmp_path / "run"
     base = ("--strategy", "fsdp", "--num-processes", "2", "--set", "strategy.cp=2", "--output-dir", str(out), "--max-steps", "1")
+    stand_in = _stand_in_env(tmp_path)
+
+    def run_cli(*args: str) -> Any:
+        return run_cli_outside(*args, env=stand_in)
+
     proc = run_cli(*base, "--set", "data.seq_len=30")
     assert proc.returncode == 2 and "strategy.cp" in proc.stderr
     assert "data.seq_len divisible by 2 x cp = 4" in proc.stderr and "data.seq_len is 30" in proc.stderr
@@ -90,6 +103,11 @@ def test_cp_job_checks() -> None:
             strategy.check_job(job(*sets))
         assert caught.value.where == where and text in str(caught.value), str(caught.value)
     _fsdp(tp=2).check_job(job("data.seq_len=66"))  # no cp: nothing to cut
+    streamed = ("data.streaming=true", "data.train_files=[corpus.jsonl]", "training.max_steps=10", "data.seq_len=64")
+    for options, name in (({"cp": 2}, "cp"), ({"tp": 2}, "tp")):  # a group reading one stream share was not tried
+        with pytest.raises(UserError) as caught:
+            _fsdp(**options).check_job(job(*streamed))
+        assert caught.value.where == f"strategy.{name}" and f"data.streaming with strategy.{name} was not tried" in str(caught.value)
 
 
 def test_cp_needs_an_sdpa_model() -> None:

@@ -147,6 +147,7 @@ def test_accelerate_parallelism_config_maps_onto_the_mesh_options_as_written() -
     # a size the file leaves out is 1, as in Accelerate (not "the rest of the world")
     assert strategy_from_accelerate_config(fsdp2, {"parallelism_config_tp_size": 2}) == {"name": "fsdp", "version": 2, "dp_replicate": 1, "dp_shard": 1, "tp": 2}
     assert strategy_from_accelerate_config(fsdp2, {}) == strategy_from_accelerate_config(fsdp2, None) == {"name": "fsdp", "version": 2}
+    assert strategy_from_accelerate_config(fsdp2, {"parallelism_config_cp_backend": "torch"}) == {"name": "fsdp", "version": 2}  # no size: no mesh
     cp = {"parallelism_config_dp_shard_size": 2, "parallelism_config_cp_size": 2, "parallelism_config_cp_comm_strategy": "alltoall"}
     assert strategy_from_accelerate_config(fsdp2, cp) == {"name": "fsdp", "version": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "cp_comm_strategy": "alltoall"}
 
@@ -158,6 +159,7 @@ def test_accelerate_parallelism_config_maps_onto_the_mesh_options_as_written() -
         ({"fsdp_version": 2}, {"parallelism_config_tp_sise": 2}, "parallelism_config.parallelism_config_tp_sise", 'did you mean "parallelism_config_tp_size"'),
         ({"fsdp_version": 2}, {"parallelism_config_dp_shard_size": 0}, "parallelism_config.parallelism_config_dp_shard_size", "greater than or equal to 1"),
         ({"fsdp_version": 2}, {"parallelism_config_sp_size": 2}, "parallelism_config.parallelism_config_sp_size", "sequence parallelism"),
+        ({"fsdp_version": 2}, {"parallelism_config_cp_comm_strategy": "alltoall"}, "parallelism_config.parallelism_config_cp_comm_strategy", "context parallelism only"),
         ({"fsdp_version": 2}, {"parallelism_config_cp_size": 2, "parallelism_config_cp_comm_strategy": "ring"}, "parallelism_config.parallelism_config_cp_comm_strategy", "allgather"),
     ],
 )

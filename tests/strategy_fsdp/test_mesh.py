@@ -88,6 +88,8 @@ def test_hsdp_trains_to_ddps_losses_and_records_its_mesh(runs) -> None:
     assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
     for step in ref:
         assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-5), step
+        # (AdamW would hide gradients scaled by a constant from the losses; their norm does not)
+        assert got[step]["grad_norm"] == pytest.approx(ref[step]["grad_norm"], rel=1e-4), step
     summary = json.loads((runs("hsdp-2x2") / "run.json").read_text())
     assert summary["world_size"] == 4 and summary["fsdp_version"] == 2
     assert summary["mesh"]["shape"] == {"dp_replicate": 2, "dp_shard": 2}
@@ -110,6 +112,8 @@ def test_a_mesh_run_resumes_across_mesh_and_strategy(runs, writer: str, reader: 
     ref, got = read_metrics(runs("ddp-4")), read_metrics(resumed)
     for step in range(4, STEPS + 1):
         assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-5), step
+        # (AdamW would hide gradients scaled by a constant from the losses; their norm does not)
+        assert got[step]["grad_norm"] == pytest.approx(ref[step]["grad_norm"], rel=1e-4), step
 
 
 @pytest.mark.launch
@@ -123,6 +127,8 @@ def test_tensor_parallel_trains_to_ddps_losses_and_records_its_mesh(runs, settin
     assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
     for step in ref:
         assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-5), step
+        # (AdamW would hide gradients scaled by a constant from the losses; their norm does not)
+        assert got[step]["grad_norm"] == pytest.approx(ref[step]["grad_norm"], rel=1e-4), step
     summary = json.loads((runs(setting) / "run.json").read_text())
     assert summary["mesh"]["shape"] == shape
     for rank, coordinates in summary["mesh"]["coordinates"].items():
@@ -145,6 +151,8 @@ def test_a_tensor_parallel_run_resumes_across_mesh_and_strategy(
     ref, got = read_metrics(runs("ddp-4")), read_metrics(resumed)
     for step in range(4, STEPS + 1):
         assert got[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-5), step
+        # (AdamW would hide gradients scaled by a constant from the losses; their norm does not)
+        assert got[step]["grad_norm"] == pytest.approx(ref[step]["grad_norm"], rel=1e-4), step
 
 
 def test_plan_reads_tp_in_the_mesh_and_divides_the_model_state_by_it() -> None:
@@ -200,3 +208,14 @@ def test_a_parallelism_config_no_strategy_reads_is_refused_with_its_line(tmp_pat
     cfg.write_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 1\nparallelism_config:\n  parallelism_config_tp_size: 2\n")
     proc = run_cli("--config", str(cfg), "--print-config")
     assert proc.returncode == 2 and f"{cfg}:5: parallelism_config" in proc.stderr and "needs FSDP2" in proc.stderr
+
+
+def test_fsdp_options_are_refused_where_tensor_parallelism_runs_alone() -> None:
+    from acc_train.api import Machine, UserError, resolve_strategy
+
+    for option, value in (("activation_checkpointing", True), ("reshard_after_forward", True), ("mixed_precision_policy", {"param_dtype": "bf16"})):
+        strategy = resolve_strategy("fsdp", {"version": 2, "tp": 2, option: value})
+        with pytest.raises(UserError) as caught:
+            strategy.check_environment(Machine("cpu", 2))  # tp = the world: no FSDP to use it
+        assert caught.value.where == f"strategy.{option}" and "tensor parallelism alone (no FSDP)" in str(caught.value)
+        strategy.check_environment(Machine("cpu", 4))  # FSDP x TP (dp_shard 2) uses it

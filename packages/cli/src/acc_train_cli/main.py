@@ -138,8 +138,8 @@ def _check_strategy_fits(job: Any) -> None:
 
     launch = job.config.launch
     nproc = launch.num_processes or default_num_processes()
-    job.strategy.check_job(job.config)
     job.strategy.check_environment(Machine(current_machine().device_type, nproc * launch.num_machines, launch.num_machines))
+    job.strategy.check_job(job.config)
 
 
 def _prepare_data(cfg: Any) -> Any:

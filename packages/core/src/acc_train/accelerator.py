@@ -84,9 +84,9 @@ class Accelerator(accelerate.Accelerator):
         if strategy is None:
             strategy = strategy_from_env()
         machine = current_machine()
+        strategy.check_environment(machine)
         if job is not None:
             strategy.check_job(job.config)
-        strategy.check_environment(machine)
         merged = _merge_kwargs(strategy.accelerator_kwargs(job), kwargs)
         timeout = collective_timeout_handler(job)
         handlers = merged.get("kwargs_handlers") or []

@@ -43,7 +43,7 @@ __all__ = [
     # the strategy contract
     "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
     # hooks, questions for the wizard, errors
-    "DataKind", "Tokenized", "OptimizerKind", "OptimizerOptions", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
+    "DataKind", "Tokenized", "packs_rows", "OptimizerKind", "OptimizerOptions", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
     # registries
     "checkpoint_formats", "optimizers", "strategies", "wrap_policies",
     # checkpoint formats and the portable state
@@ -65,3 +65,12 @@ def __getattr__(name: str) -> Any:
 
         return Accelerator
     raise AttributeError(f"module 'acc_train.api' has no attribute {name!r}")
+
+
+def packs_rows(data_config: Any) -> bool:
+    """Whether the job's rows are packed: ``data.packing``, or its data kind's own default."""
+    if data_config.packing is not None:
+        return bool(data_config.packing)
+    from acc_train.data.files import data_kind
+
+    return bool(data_kind(data_config).packs_by_default)

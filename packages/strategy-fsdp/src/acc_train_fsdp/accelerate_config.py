@@ -103,9 +103,17 @@ def mesh_from_parallelism_config(section: Any, version: int) -> dict[str, Any]:
             hint="use parallelism_config_cp_size (context parallelism) or remove sp_size",
         )
     sizes = {option: getattr(parsed, f"parallelism_config_{key}") for key, option in MESH.items()}
+    if parsed.parallelism_config_cp_comm_strategy is not None and sizes["cp"] == 1:
+        raise UserError(
+            "cp_comm_strategy is used by context parallelism only, and parallelism_config_cp_size is 1",
+            where="parallelism_config.parallelism_config_cp_comm_strategy",
+            hint="set parallelism_config_cp_size above 1, or remove parallelism_config_cp_comm_strategy",
+        )
+    if not any(f"parallelism_config_{key}" in given for key in MESH):  # no size: no mesh (cp_backend alone changes nothing)
+        return {}
     out = {"dp_replicate": sizes["dp_replicate"], "dp_shard": sizes["dp_shard"]}
     out.update({key: sizes[key] for key in ("tp", "cp") if sizes[key] > 1})
-    if sizes["cp"] > 1 and parsed.parallelism_config_cp_comm_strategy is not None:  # written by `accelerate config` with cp only
+    if parsed.parallelism_config_cp_comm_strategy is not None:
         out["cp_comm_strategy"] = parsed.parallelism_config_cp_comm_strategy
     return out
 

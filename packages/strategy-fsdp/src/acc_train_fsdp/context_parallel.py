@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from acc_train.api import UserError
+from acc_train.api import UserError, packs_rows
 
 __all__ = ["CPU_REASON", "check_cp_job", "check_cp_model", "refuse_cp_on_cpu"]
 
@@ -57,7 +57,7 @@ def check_cp_job(config: Any, cp: int) -> None:
             where="model.attn_implementation",
             hint="set model.attn_implementation=sdpa (or leave it unset), or drop strategy.cp",
         )
-    if data.packing is False or (data.packing is None and data.kind != "text"):
+    if not packs_rows(data):
         why = "data.packing is false" if data.packing is False else f"data.kind {data.kind!r} pads its examples unless data.packing is set"
         raise UserError(
             f"cp: {cp} needs packed rows of data.seq_len tokens: the ring attention of context parallelism takes no "

@@ -71,6 +71,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 hint="drop cpu_offload (or the fsdp-offload preset) on a CPU-only run",
             )
         self.mesh_sizes(machine.world_size)  # refuses sizes that do not fit the world
+        self._refuse_fsdp_options_without_fsdp(machine.world_size)
         if options.cp not in (None, 1) and machine.device_type == "cpu":
             from acc_train_fsdp.context_parallel import refuse_cp_on_cpu
 
@@ -96,7 +97,16 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             check_cp_model(model, self.options.cp)
 
     def check_job(self, config: Any) -> None:
-        """``cp`` needs rows it can cut: ``data.seq_len`` divisible by 2 x cp, packed, SDPA."""
+        """``cp`` needs rows it can cut: ``data.seq_len`` divisible by 2 x cp, packed, SDPA; a
+        streamed job runs without tp and cp (its resume position is kept per data-parallel rank
+        only for plain data parallelism: not tried with a group reading one share)."""
+        for name in ("tp", "cp"):
+            if getattr(self.options, name) not in (None, 1) and config.data.streaming:
+                raise UserError(
+                    f"data.streaming with strategy.{name} was not tried (each {name} group must read one stream share, and resume it)",
+                    where=f"strategy.{name}",
+                    hint=f"drop data.streaming (cached data works with {name}) or strategy.{name}",
+                )
         if self.options.cp not in (None, 1):
             from acc_train_fsdp.context_parallel import check_cp_job
 
@@ -182,6 +192,20 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         sizes = self.mesh_sizes(world_size)
         return sizes is not None and sizes.get("tp", 1) > 1 and sizes.get("cp", 1) == 1 and sizes["dp_replicate"] == sizes["dp_shard"] == 1
 
+    #: FSDP's own options, which tensor parallelism alone (no FSDP) would not use
+    FSDP_ONLY = ("activation_checkpointing", "mixed_precision_policy", "reshard_after_forward", "cpu_ram_efficient_loading", "cpu_offload")
+
+    def _refuse_fsdp_options_without_fsdp(self, world_size: int) -> None:
+        if not self._pure_tp(world_size):
+            return
+        for name in self.FSDP_ONLY:
+            if name in self.options.model_fields_set and getattr(self.options, name) not in (None, False):
+                raise UserError(
+                    f"{name} is an FSDP option, and tp: {self.options.tp} on {world_size} processes is tensor parallelism alone (no FSDP), which would not use it",
+                    where=f"strategy.{name}",
+                    hint="drop it, or add dp_shard (FSDP x TP) so FSDP runs",
+                )
+
     def _parallelism_config(self) -> Any:
         """Accelerate's ``ParallelismConfig`` for the mesh options (None without them)."""
         from acc_train.api import current_machine
@@ -206,12 +230,6 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         from acc_train.api import current_machine
 
         on_cpu = current_machine().device_type == "cpu"
-        if job is not None and options.tp not in (None, 1) and job.config.data.streaming:
-            raise UserError(
-                "data.streaming with strategy.tp was not tried (each tp group must read one stream share, and resume it)",
-                where="strategy.tp",
-                hint="drop data.streaming (cached data works with tp) or strategy.tp",
-            )
         if options.cp not in (None, 1):
             warn_once_per_machine(
                 "strategy.cp: attention is causal over each whole row (Accelerate drops the attention mask for "

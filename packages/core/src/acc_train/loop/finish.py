@@ -170,6 +170,7 @@ def save_final(run: RunContext, tokenizer: Any) -> None:
     from acc_train.model import final_dtype
 
     accelerator, model, out = run.accelerator, run.model, run.output_dir
+    dtype = final_dtype(run.job.config)  # on every rank: a config that cannot be read fails them all, none waits
     state_dict = accelerator.acc_strategy.full_state_dict(accelerator, model)
     if accelerator.is_main_process:
         tmp = fresh_directory(out, ".final-")
@@ -177,7 +178,7 @@ def save_final(run: RunContext, tokenizer: Any) -> None:
         if is_adapter_model(unwrapped):
             save_adapter(unwrapped, state_dict, tmp)
         else:
-            _save_in_dtype(unwrapped, state_dict, final_dtype(run.job.config), tmp)
+            _save_in_dtype(unwrapped, state_dict, dtype, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         final = out / "final"
