@@ -5,7 +5,8 @@ steps, no checkpoints) and reads ``run.json``'s ``per_rank[*].model_state_bytes`
 gradients and optimizer state each rank holds, counted from the live tensors). The plan is
 ``acc-train plan --json --mesh ...`` for the same job: its row for that mesh (or the strategy's
 own row for DDP and plain FSDP). The ratio measured/planned is reported per shape (the largest
-rank), with the largest difference of its per-step losses from DDP's (the same global batch in
+rank), with the largest difference of its per-step losses from DDP's (and the largest relative
+difference of its gradient norms: AdamW hides a constant gradient scale from the losses) (the same global batch in
 every shape: 2 x ``--processes`` sequences, fp32); the shapes are run one after another in the same session. Tensor parallelism alone runs
 on 2 processes (the demo model's 6 heads take tp = 2 or 3); HSDP x TP needs 8 (``--processes 8``).
 
@@ -49,6 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     rows: list[dict] = []
     ddp_losses: list[float] = []
+    ddp_norms: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, (strategy_args, plan_label, mesh, processes) in SHAPES.items():
             n = processes or args.processes
@@ -64,7 +66,9 @@ def main() -> None:
             ranks = json.loads((out / "run.json").read_text())["per_rank"]
             steps = read_metrics(out).steps
             losses = [steps[step]["loss"] for step in sorted(steps)]
+            norms = [steps[step]["grad_norm"] for step in sorted(steps)]
             ddp_losses = ddp_losses if rows else losses
+            ddp_norms = ddp_norms if rows else norms
             measured = max(sum(r["model_state_bytes"].values()) for r in ranks)
             plan_args = ["plan", "--json", "--num-processes", str(n), "--mixed-precision", "no"] + (["--mesh", mesh] if mesh else [])
             plan = json.loads(acc_train(*plan_args).stdout)
@@ -73,11 +77,12 @@ def main() -> None:
             else:
                 row = next(r for r in plan["rows"] if r["label"] == plan_label)
             rows.append({"shape": label, "processes": n, "row": row["label"], "measured": measured, "planned": row["model_state"], "ratio": measured / row["model_state"], "formula": row["formula"],
-                         "loss_diff": max(abs(a - b) for a, b in zip(losses, ddp_losses, strict=True))})
+                         "loss_diff": max(abs(a - b) for a, b in zip(losses, ddp_losses, strict=True)),
+                         "grad_norm_rel_diff": max(abs(a - b) / b for a, b in zip(norms, ddp_norms, strict=True))})
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}; demo Llama, CPU processes over gloo, fp32")
-    print(f"{'shape':42} {'procs':>5} {'plan row':38} {'measured B':>12} {'planned B':>12} {'ratio':>6} {'|loss-ddp|':>10}  formula")
+    print(f"{'shape':42} {'procs':>5} {'plan row':38} {'measured B':>12} {'planned B':>12} {'ratio':>6} {'|loss-ddp|':>10} {'grad norm':>10}  formula")
     for r in rows:
-        print(f"{r['shape']:42} {r['processes']:5} {r['row']:38} {r['measured']:12,} {r['planned']:12,} {r['ratio']:6.3f} {r['loss_diff']:10.1e}  {r['formula']}")
+        print(f"{r['shape']:42} {r['processes']:5} {r['row']:38} {r['measured']:12,} {r['planned']:12,} {r['ratio']:6.3f} {r['loss_diff']:10.1e} {r['grad_norm_rel_diff']:10.1e}  {r['formula']}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 
