@@ -219,3 +219,21 @@ def test_fsdp_options_are_refused_where_tensor_parallelism_runs_alone() -> None:
             strategy.check_environment(Machine("cpu", 2))  # tp = the world: no FSDP to use it
         assert caught.value.where == f"strategy.{option}" and "tensor parallelism alone (no FSDP)" in str(caught.value)
         strategy.check_environment(Machine("cpu", 4))  # FSDP x TP (dp_shard 2) uses it
+
+
+def test_the_plan_splits_activations_over_tp_as_korthikanti_eq_2() -> None:
+    from acc_train.memory_plan import ModelShape, activation_bytes
+
+    proc = run_cli("plan", "--num-processes", "4", "--mesh", "shard=2,tp=2", "--json", "--mixed-precision", "no")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    rows = {r["label"]: r for r in out["rows"]}
+    row, plain = rows["fsdp2 mesh replicate=1,shard=2,tp=2"], rows["fsdp2"]
+    assert row["activations"] < plain["activations"]
+    assert "10 + 24/t + 5*a*s/(h*t)" in out["activation_formula"]
+    # eq. 2 against eq. 1 on one layer: the split part (24 + 5as/h) halves, the rest (10) stays
+    shape = ModelShape("one layer", 0, layers=1, hidden=64, heads=4, vocab=1)
+    whole, split = activation_bytes(shape, 1, 32, "bf16"), activation_bytes(shape, 1, 32, "bf16", tp=2)
+    logits = 2 * 32 * 1 * 1 * 4
+    assert whole - logits == 32 * 64 * (34 + 5 * 4 * 32 / 64)
+    assert split - logits == 32 * 64 * (10 + 24 / 2 + 5 * 4 * 32 / (64 * 2))

@@ -110,8 +110,8 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None) -> dict[str, Any]:
             return
         # recomputed: the strategy's own checkpointing (FSDP's), or transformers' under any strategy
         recompute = mp.recompute or cfg.training.gradient_checkpointing
-        cp = getattr(strategy.options, "cp", None) or 1  # context parallelism: each rank runs 1/cp of every row
-        act = activation_bytes(shape, mbs, seq // cp, precision if inp.param_bytes == 4 else dtype, recompute=recompute)
+        # the strategy's split of each layer's activations (context parallelism: 1/cp of every row; tensor parallelism)
+        act = activation_bytes(shape, mbs, seq // mp.sequence_split, precision if inp.param_bytes == 4 else dtype, recompute=recompute, tp=mp.tensor_split)
         rows.append(
             {
                 "label": label,

@@ -30,7 +30,9 @@ __all__ = [
 ACTIVATION_FORMULA = (
     "activations (estimate, Korthikanti et al. 2022, no recomputation): "
     "L*s*b*h*(34 + 5*a*s/h) * (B/2) + 2*s*b*V*4 (the fp32 logits and their log-softmax); "
-    "with activation checkpointing 2*s*b*h*L*(B/2) + one layer's share; B = bytes per activation"
+    "with activation checkpointing 2*s*b*h*L*(B/2) + one layer's share; B = bytes per activation; "
+    "over a mesh's tp ranks (tensor parallelism) 10 + 24/t + 5*a*s/(h*t) in place of 34 + 5*a*s/h, "
+    "and seq_len / cp in place of s (context parallelism)"
 )
 
 
@@ -91,6 +93,11 @@ class MemoryPlan:
     note: str = ""
     #: activation checkpointing: activations are recomputed in backward, not stored
     recompute: bool = False
+    #: how the strategy splits each layer's activations: every rank runs ``1/sequence_split`` of
+    #: every row (context parallelism), and ``tensor_split`` ranks share each layer's matrix
+    #: products (tensor parallelism, Korthikanti et al.'s t); 1: not split
+    sequence_split: int = 1
+    tensor_split: int = 1
 
     @property
     def model_state(self) -> int:
@@ -161,17 +168,19 @@ def model_shape(config: JobConfig) -> ModelShape:
     )
 
 
-def activation_bytes(shape: ModelShape, micro_batch: int, seq_len: int, precision: str, recompute: bool = False) -> int | None:
+def activation_bytes(shape: ModelShape, micro_batch: int, seq_len: int, precision: str, recompute: bool = False, tp: int = 1) -> int | None:
     """Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer
     Models", eq. 1: a layer stores s*b*h*(34 + 5*a*s/h) bytes of 16-bit activations without
-    recomputation, halved here per byte of precision. It assumes a 4h GELU MLP and dropout;
+    recomputation, halved here per byte of precision; over ``tp`` tensor-parallel ranks (eq. 2,
+    no sequence parallelism) s*b*h*(10 + 24/t + 5*a*s/(h*t)): the attention and MLP insides are
+    split, the layer's inputs, norms and residuals are not. It assumes a 4h GELU MLP and dropout;
     a Llama layer (SwiGLU, no dropout) differs by some tens of percent. Not sharded by any
     data-parallel strategy. None when the config lacks the dimensions."""
     if None in (shape.layers, shape.hidden, shape.heads, shape.vocab):
         return None
     s, b, h, a, n_layers, v = seq_len, micro_batch, shape.hidden, shape.heads, shape.layers, shape.vocab
     scale = 1.0 if precision in ("bf16", "fp16") else 2.0  # the formula counts 2-byte activations
-    per_layer = s * b * h * (34 + 5 * a * s / h) * scale  # type: ignore[operator]
+    per_layer = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * scale  # type: ignore[operator]
     logits = 2 * s * b * v * 4  # type: ignore[operator]
     if recompute:  # only each layer's input is kept, and one layer is live at a time in backward
         return int(2 * s * b * h * n_layers * scale + per_layer + logits)  # type: ignore[operator]

@@ -514,6 +514,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             notes.append(f"model.dtype {plan.dtype}: shards, gradients and moments are {plan.dtype}, no fp32 master copy")
         if options.cpu_offload:
             notes.append("offload: parameters, gradients and optimizer steps in CPU memory")
+        split = {"sequence_split": mesh.get("cp", 1), "tensor_split": mesh.get("tp", 1)} if mesh is not None else {}
         return MemoryPlan(
-            params, b * psi // n, int(o * psi) // n, formula, offload=offload, note="; ".join(notes), recompute=options.activation_checkpointing
+            params, b * psi // n, int(o * psi) // n, formula, offload=offload, note="; ".join(notes), recompute=options.activation_checkpointing, **split
         )
