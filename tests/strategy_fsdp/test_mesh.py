@@ -237,3 +237,11 @@ def test_the_plan_splits_activations_over_tp_as_korthikanti_eq_2() -> None:
     logits = 2 * 32 * 1 * 1 * 4
     assert whole - logits == 32 * 64 * (34 + 5 * 4 * 32 / 64)
     assert split - logits == 32 * 64 * (10 + 24 / 2 + 5 * 4 * 32 / (64 * 2))
+
+
+def test_an_explicit_reshard_after_forward_false_is_refused_too_where_tp_runs_alone() -> None:
+    from acc_train.api import Machine, UserError, resolve_strategy
+
+    with pytest.raises(UserError, match="tensor parallelism alone"):
+        resolve_strategy("fsdp", {"version": 2, "tp": 2, "reshard_after_forward": False}).check_environment(Machine("cpu", 2))
+    resolve_strategy("fsdp", {"version": 2, "tp": 2}).check_environment(Machine("cpu", 2))  # nothing set: nothing refused

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
     from acc_train.config import ResolvedJob
 
-__all__ = ["train", "check_output_dir", "claim_output_dir", "restart_resumes", "restart_count", "claimed_marker", "RUN_FILES"]
+__all__ = ["train", "check_output_dir", "claim_output_dir", "restart_resumes", "restart_count", "claimed_marker", "runs_again", "RUN_FILES"]
 
 #: What a run writes into its output directory (an existing one is never silently replaced).
 RUN_FILES = ("config.yaml", METRICS_FILE, "run.json", "checkpoints", "final", "logs")
@@ -138,6 +138,12 @@ def claimed_marker(config_file: str) -> Path:
     return Path(f"{config_file}.claimed")
 
 
+def runs_again(config_file: str | None) -> bool:
+    """Whether this machine's workers are a later attempt of their launch: restarted after a
+    failure, or started again after a machine left and rejoined (the launch had claimed the run)."""
+    return restart_count() > 0 or (config_file is not None and claimed_marker(config_file).exists())
+
+
 def restart_resumes(job: ResolvedJob, config_file: str) -> bool:
     """Whether workers restarted after a failure (``--max-restarts``) continue from the latest
     checkpoint: yes, unless ``--resume`` already says where from, or the run ``--overwrite``
@@ -185,8 +191,7 @@ def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
     accelerator = setup.make_accelerator(job)
     # one decision for all (a restarted worker's resume is decided per rank, from files and
     # restart counts that machines see differently): every rank takes the same path into the collectives
-    again = restart_count() > 0 or (config_file is not None and claimed_marker(config_file).exists())
-    job.config.resume, restarts, again = _agree_on_resume(job.config.resume, restart_count(), again)
+    job.config.resume, restarts, again = _agree_on_resume(job.config.resume, restart_count(), runs_again(config_file))
     data = setup.load_data(job, accelerator)
     built = setup.build_model(job, data)
     prepared = setup.prepare(job, accelerator, built, data)

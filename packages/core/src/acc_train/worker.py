@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet_other_local_ranks()  # before the libraries load: their warnings print once per machine
     from acc_train.checkpoint.faults import check_fault_env
     from acc_train.config import load_resolved
-    from acc_train.trainer import claimed_marker, restart_count, restart_resumes, train
+    from acc_train.trainer import restart_resumes, runs_again, train
 
     args = sys.argv[1:] if argv is None else argv
     from transformers.utils import logging as hf_logging
@@ -37,8 +37,7 @@ def main(argv: list[str] | None = None) -> None:
             job = load_resolved(args[0])
             # a later attempt of this launch (restarted after a failure, or started again after a
             # machine left and rejoined): continue from the latest checkpoint, or start if none
-            again = restart_count() > 0 or claimed_marker(args[0]).exists()
-            if again and restart_resumes(job, args[0]):
+            if runs_again(args[0]) and restart_resumes(job, args[0]):
                 job.config.resume = "auto"
             train(job, config_file=args[0])
         except UserError as exc:

@@ -199,7 +199,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         if not self._pure_tp(world_size):
             return
         for name in self.FSDP_ONLY:
-            if name in self.options.model_fields_set and getattr(self.options, name) not in (None, False):
+            if getattr(self.options, name) != type(self.options).model_fields[name].default:  # set to anything but "unset"
                 raise UserError(
                     f"{name} is an FSDP option, and tp: {self.options.tp} on {world_size} processes is tensor parallelism alone (no FSDP), which would not use it",
                     where=f"strategy.{name}",
