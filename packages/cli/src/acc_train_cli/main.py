@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -163,17 +164,77 @@ def _run_workers(section: Any, args: list[str], env: dict[str, str]) -> None:
         sys.exit(exc.exit_code)
 
 
+#: ``accelerate launch`` flags, and what says the same to ``acc-train`` (a flag placed where
+#: PROGRAM goes is one of these, or a mistake)
+ACCELERATE_LAUNCH_FLAGS = {
+    "--use_fsdp": "--strategy fsdp (presets: fsdp1, fsdp2, fsdp-offload)",
+    "--use_deepspeed": "--strategy deepspeed, or a preset: zero1, zero2, zero3, zero2-offload, zero3-offload",
+    "--zero_stage": "--strategy zero1 / zero2 / zero3 (or --set strategy.stage=N)",
+    "--deepspeed_config_file": "--set strategy.config_file=FILE (with --strategy deepspeed)",
+    "--offload_optimizer_device": "--set strategy.offload_optimizer=cpu (with --strategy deepspeed)",
+    "--offload_param_device": "--set strategy.offload_param=cpu (with --strategy deepspeed)",
+    "--zero3_init_flag": "--set strategy.zero3_init_flag=true",
+    "--zero3_save_16bit_model": "--set strategy.zero3_save_16bit_model=true",
+    "--mixed_precision": "--mixed-precision",
+    "--num_processes": "--num-processes",
+    "--num_machines": "--num-machines",
+    "--machine_rank": "--machine-rank",
+    "--main_process_ip": "--main-process-ip",
+    "--main_process_port": "--main-process-port",
+    "--rdzv_backend": "--rdzv-backend",
+    "--max_restarts": "--max-restarts",
+    "--config_file": "--config FILE (acc-train reads accelerate config files too)",
+    "--multi_gpu": "nothing: acc-train starts one process per GPU by default (--num-processes N)",
+    "--cpu": "nothing: a machine without a GPU runs on its CPU (ACCELERATE_USE_CPU=1 forces it)",
+    "--dynamo_backend": "--set training.compile.backend=NAME",
+    "--gpu_ids": "CUDA_VISIBLE_DEVICES=...",
+    "--num_cpu_threads_per_process": "OMP_NUM_THREADS=N",
+    "--gradient_accumulation_steps": "your program's own setting (Accelerator(gradient_accumulation_steps=...) or TrainingArguments)",
+    "--gradient_clipping": "your program's own setting (TrainingArguments.max_grad_norm, or a DeepSpeed JSON: --set strategy.config_file=FILE)",
+}
+#: prefixes of ``accelerate launch`` flag families
+ACCELERATE_FLAG_FAMILIES = {
+    "--fsdp_": "--strategy fsdp with --set strategy.OPTION=VALUE (acc-train strategies lists the options)",
+    "--parallelism_config_": "--strategy fsdp with --set strategy.dp_replicate / dp_shard (in a job config)",
+    "--dynamo_": "--set training.compile.OPTION=VALUE",
+    "--deepspeed_": "--strategy deepspeed with --set strategy.OPTION=VALUE",
+}
+
+
+def _refuse_flag_as_program(program: str) -> None:
+    from acc_train.errors import UserError
+
+    flag = program.split("=", 1)[0]
+    dashed = flag.replace("-", "_").replace("__", "--", 1) if flag.startswith("--") else flag
+    equivalent = ACCELERATE_LAUNCH_FLAGS.get(dashed) or next((v for p, v in ACCELERATE_FLAG_FAMILIES.items() if dashed.startswith(p)), None)
+    if equivalent is not None:
+        raise UserError(
+            f"{flag} is an `accelerate launch` flag, which acc-train does not take",
+            where="acc-train launch",
+            hint=f"use {equivalent}, before PROGRAM; arguments after PROGRAM go to your program",
+        )
+    raise UserError(
+        f"no such option: {flag}",
+        where="acc-train launch",
+        hint="job options (acc-train launch --help) go before PROGRAM, your program's own arguments after it",
+    )
+
+
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @job_options
-@click.argument("script", type=click.Path(dir_okay=False))
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-m", "--module", "as_module", is_flag=True, help="Run PROGRAM as a module, as `python -m` does.")
+@click.argument("program", metavar="PROGRAM")
+@click.argument("program_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 @user_errors
-def launch(ctx: click.Context, script: str, script_args: tuple[str, ...], **params: Any) -> None:
-    """Run your own Accelerate script under the chosen strategy.
+def launch(ctx: click.Context, program: str, program_args: tuple[str, ...], as_module: bool, **params: Any) -> None:
+    """Run your own program, unchanged, under the chosen strategy.
 
-    In the script, `from acc_train import Accelerator` (a drop-in for `accelerate.Accelerator`)
-    applies the strategy. Job options may stand before or after `launch`.
+    PROGRAM is a script, or a module with -m: an Accelerate script (`from accelerate import
+    Accelerator`), an HF Trainer or TRL script. Every worker gets the variables `accelerate
+    launch` would give it for the strategy, so its Accelerator runs FSDP or DeepSpeed as on GPUs
+    (on CPU too, where Accelerate alone would fall back to DDP). Job options may stand before
+    or after `launch`; your program's own arguments follow PROGRAM.
     """
     from acc_train.errors import UserError
 
@@ -181,22 +242,64 @@ def launch(ctx: click.Context, script: str, script_args: tuple[str, ...], **para
     for name in LOOP_ONLY:
         if given(merged.get(name)):
             raise UserError(
-                f"{flag_name(name)} applies to acc-train's own training loop; `launch` runs your script, which sets it itself",
+                f"{flag_name(name)} applies to acc-train's own training loop; `launch` runs your program, which sets it itself",
                 where=flag_name(name),
-                hint="pass it to your script after SCRIPT instead",
+                hint="pass it to your program after PROGRAM instead",
             )
-    if not os.path.isfile(script):
-        raise UserError(f"script {script!r} does not exist", where="launch SCRIPT")
+    if program.startswith("-"):
+        _refuse_flag_as_program(program)
+    _check_program_exists(program, as_module)
     job = resolve_job(merged)
     report_plugin_failures()
-    strategy = {"name": job.config.strategy["name"], **job.strategy.options.model_dump(mode="json")}
+    from acc_train.launch_protocol import leftovers_warning, protocol_env, protocol_variables, shell_leftovers
+    from acc_train.launcher import default_num_processes
+    from acc_train.machine import current_machine, resolve_mixed_precision
+    from acc_train.strategy import Machine
+
+    cfg = job.config
+    nproc = cfg.launch.num_processes or default_num_processes()
+    machine = Machine(current_machine().device_type, nproc * cfg.launch.num_machines, cfg.launch.num_machines)
+    job.strategy.check_environment(machine)
+    mixed_precision = resolve_mixed_precision(cfg.training.mixed_precision, machine)
+    strategy = {"name": cfg.strategy["name"], **job.strategy.options.model_dump(mode="json")}
     env = {
         "ACC_TRAIN_STRATEGY": json.dumps(strategy),
-        "ACC_TRAIN_MIXED_PRECISION": job.config.training.mixed_precision,
-        "ACC_TRAIN_TIMEOUT": str(job.config.launch.timeout),
+        "ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision,
+        "ACC_TRAIN_TIMEOUT": str(cfg.launch.timeout),
     }
-    _compile_env(job.config.training.compile, env)
-    _run_workers(job.config.launch, ["-m", "acc_train.script_worker", script, *script_args], env)
+    with tempfile.TemporaryDirectory(prefix="acc-train-launch-") as scratch:  # a strategy's files for the launch (a DeepSpeed JSON)
+        env.update(protocol_env(job.strategy, machine, mixed_precision, Path(scratch)))
+        leftovers = shell_leftovers(env, os.environ, protocol_variables())
+        if leftovers:
+            click.echo(f"warning: {leftovers_warning(leftovers)}", err=True)
+            for name in leftovers:
+                os.environ.pop(name)
+        _compile_env(cfg.training.compile, env)
+        worker = ["-m", "acc_train.script_worker", *(["-m"] if as_module else []), program, *program_args]
+        _run_workers(cfg.launch, worker, env)
+
+
+def _check_program_exists(program: str, as_module: bool) -> None:
+    """A script that is not a file, or a module that cannot be found (from the working
+    directory, as ``python -m`` looks), is refused before any worker starts."""
+    from acc_train.errors import UserError
+
+    if not as_module:
+        if not os.path.isfile(program):
+            hint = "to run a module, use acc-train launch -m MODULE" if "/" not in program and not program.endswith(".py") else None
+            raise UserError(f"script {program!r} does not exist", where="launch PROGRAM", hint=hint)
+        return
+    import importlib.util
+
+    sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(program) is not None
+    except (ImportError, ValueError):  # a parent package that does not exist, or an empty name
+        found = False
+    finally:
+        sys.path.pop(0)
+    if not found:
+        raise UserError(f"no module named {program!r} (looked from {os.getcwd()} and the installed packages)", where="launch -m MODULE")
 
 
 def _compile_env(compile_cfg: Any, env: dict[str, str]) -> None:

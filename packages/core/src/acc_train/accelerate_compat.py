@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["VERIFIED_ACCELERATE", "check_accelerate", "run_sharded_on_cpu", "skip_unused_library_imports"]
+__all__ = [
+    "VERIFIED_ACCELERATE", "already_running", "check_accelerate", "for_a_later_accelerator", "run_sharded_on_cpu",
+    "skip_unused_library_imports",
+]  # fmt: skip
 
 #: Accelerate versions (inclusive lower, exclusive upper) whose internals this was verified on.
 VERIFIED_ACCELERATE = ("1.10.0", "1.17.0")
@@ -42,7 +45,8 @@ def run_sharded_on_cpu(accelerator: Any, distributed_type: str, **state: Any) ->
 
     check_accelerate(distributed_type)
     acc_state = accelerator.state
-    if acc_state.distributed_type != DistributedType.MULTI_CPU:
+    target = DistributedType[distributed_type]
+    if acc_state.distributed_type not in (DistributedType.MULTI_CPU, target):
         raise RuntimeError(f"expected Accelerate to start as MULTI_CPU before switching to {distributed_type}, got {acc_state.distributed_type}")
     for name in ("distributed_type", "mixed_precision", "device"):
         if not hasattr(acc_state, name):
@@ -59,7 +63,18 @@ def run_sharded_on_cpu(accelerator: Any, distributed_type: str, **state: Any) ->
         target.distributed_type = DistributedType[distributed_type]
         target.device = torch.device("cpu")
     for key, value in state.items():
-        setattr(acc_state, key, value)
+        # a later Accelerator of the same process shares the state: the first one's plugins
+        # stay, as Accelerate keeps them on GPUs (after AcceleratorState._reset_state() there are none)
+        if getattr(acc_state, key, None) is None:
+            setattr(acc_state, key, value)
+
+
+def already_running(accelerator: Any, distributed_type: str, plugin_attribute: str) -> bool:
+    """Whether an earlier Accelerator of this process already switched the shared state to
+    ``distributed_type`` with its plugin (``plugin_attribute`` of the state): a later one then
+    runs the same way, as on GPUs, and must not switch again."""
+    state = accelerator.state
+    return state.distributed_type.name == distributed_type and getattr(state, plugin_attribute, None) is not None
 
 
 def skip_unused_library_imports() -> None:
@@ -82,3 +97,21 @@ def skip_unused_library_imports() -> None:
             library = attr.removeprefix("is_").removesuffix("_available")
             if importlib.util.find_spec(library) is not None:
                 setattr(module, attr, lambda library=library: library in sys.modules)
+
+
+def for_a_later_accelerator(kwargs: dict[str, Any]) -> bool:
+    """Fit ``kwargs`` (built for ``acc_train.Accelerator``) to an Accelerator that is not the
+    process's first, and say whether it is. The state it shares keeps what the first one
+    decided, as Accelerate keeps it on GPUs: its mixed precision (an unset or ``auto`` one is
+    dropped rather than resolved again, which Accelerate would refuse if it differed) and its
+    plugins (the strategy's are dropped: Accelerate refuses some passed to a later Accelerator
+    and ignores the others)."""
+    from accelerate.state import AcceleratorState
+
+    if AcceleratorState._shared_state == {}:
+        return False
+    if kwargs.get("mixed_precision") in (None, "auto"):
+        kwargs.pop("mixed_precision", None)
+    for key in [k for k in kwargs if k.endswith(("_plugin", "_plugins"))]:
+        del kwargs[key]
+    return True

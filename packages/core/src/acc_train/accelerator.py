@@ -51,6 +51,8 @@ def collective_timeout_handler(job: Any) -> accelerate.utils.InitProcessGroupKwa
 def _merge_kwargs(base: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in user.items():
+        if value is None and key.endswith(("_plugin", "_plugins")):
+            continue  # an explicit None (HF Trainer passes fsdp_plugin=None) means "not given"
         if key == "kwargs_handlers":
             user_types = {type(h) for h in value or []}
             for handler in out.get(key, []):
@@ -94,7 +96,11 @@ class Accelerator(accelerate.Accelerator):
             merged["kwargs_handlers"] = [*handlers, timeout]  # a script's own handler wins
         if machine.device_type == "cpu":
             merged["cpu"] = True
-        if merged.get("mixed_precision") in (None, "auto"):
+        from acc_train.accelerate_compat import for_a_later_accelerator
+
+        if for_a_later_accelerator(merged):
+            pass  # the process's state already runs: its mixed precision was resolved when it started
+        elif merged.get("mixed_precision") in (None, "auto"):
             requested = merged.get("mixed_precision") or os.environ.get("ACC_TRAIN_MIXED_PRECISION", "auto")
             merged["mixed_precision"] = resolve_mixed_precision(requested, machine)
         self.acc_kwargs = merged

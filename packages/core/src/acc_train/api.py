@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from acc_train.accelerate_compat import run_sharded_on_cpu
+from acc_train.accelerate_compat import already_running, run_sharded_on_cpu
 from acc_train.checkpoint import (
     CheckpointFormat,
     DCPFormat,
@@ -55,7 +55,7 @@ __all__ = [
     "enable_gradient_checkpointing",
     # the machine, Accelerate and accelerate config files
     "Accelerator", "check_accelerate_section", "current_machine", "read_accelerate_section", "resolve_mixed_precision",
-    "run_sharded_on_cpu", "warn_once_per_machine",
+    "already_running", "run_sharded_on_cpu", "warn_once_per_machine",
 ]  # fmt: skip
 
 

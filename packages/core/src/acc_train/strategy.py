@@ -30,6 +30,7 @@ import copy
 import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -95,6 +96,13 @@ class Strategy(ABC, Generic[OptionsT]):
     accelerate_distributed_types: ClassVar[tuple[str, ...]] = ()
     #: Top-level sections of an ``accelerate config`` file that its hook maps (``fsdp_config``).
     accelerate_config_sections: ClassVar[tuple[str, ...]] = ()
+    #: The ``accelerate launch`` variables :meth:`launch_env` speaks for: names, or prefixes
+    #: ending in ``_`` (``FSDP_``). Those left in the user's shell give way when a program is
+    #: launched under any strategy (with a warning), so a stale one never changes it.
+    launch_variables: ClassVar[tuple[str, ...]] = ()
+    #: ``Accelerator`` arguments through which a program asks Accelerate for this strategy
+    #: (``fsdp_plugin``): a launched program passing one under another strategy is refused.
+    accelerator_arguments: ClassVar[tuple[str, ...]] = ()
 
     _options: OptionsT | None = None
 
@@ -142,13 +150,46 @@ class Strategy(ABC, Generic[OptionsT]):
         (``fsdp_plugin``, ``deepspeed_plugin``, ``kwargs_handlers``...). ``job`` is None when a
         user's own script is launched (``acc-train launch``)."""
 
+    def launch_env(self, machine: Machine, scratch: Path) -> dict[str, str]:
+        """The variables ``accelerate launch`` gives its workers for this strategy with these
+        options (``ACCELERATE_USE_FSDP``, ``FSDP_*``, ``ACCELERATE_DEEPSPEED_*``...), for a program
+        ``acc-train launch`` runs unchanged: Accelerate, HF Trainer and TRL build their plugins
+        from them. ``scratch`` is a private directory that lives as long as the launch, for a file
+        a variable names (a DeepSpeed JSON). Raise :class:`acc_train.UserError` naming an option
+        that no variable carries and that :meth:`after_accelerator` does not apply either.
+
+        The default suits a plain data-parallel strategy (Accelerate's ``MULTI_*`` types), which
+        needs no variable; it calls :meth:`accelerator_kwargs` with no job so a strategy that
+        refuses to run a user's program says so before launch. A strategy that declares another
+        of Accelerate's types must map its options itself, or it is refused by name."""
+        plain = {t for t in self.accelerate_distributed_types if t == "NO" or t.startswith("MULTI_")}
+        if set(self.accelerate_distributed_types) - plain:
+            from acc_train.errors import UserError
+
+            raise UserError(
+                f'strategy "{self.name}" declares no `acc-train launch` mapping (Strategy.launch_env), so a program '
+                "launched unchanged would not run it",
+                where="--strategy",
+                hint="train through a job config (acc-train --config ...), or ask the plugin's authors for launch_env",
+            )
+        self.accelerator_kwargs(None)
+        return {}
+
     def after_accelerator(self, accelerator: Accelerator) -> None:
         """Called right after the Accelerator is built, before anything is prepared.
-        ``accelerator.acc_kwargs`` holds the keyword arguments it was built with."""
+        ``accelerator.acc_kwargs`` holds the keyword arguments it was built with.
+
+        It is called for every Accelerator of a program that ``acc-train launch`` runs
+        unchanged too (``accelerator.acc_launched`` is then True): there Accelerate built the
+        plugins from :meth:`launch_env`'s variables, or the program passed its own, and this is
+        where options no variable carries are applied, and where a strategy switches Accelerate
+        to itself on a machine where Accelerate would fall back to another."""
 
     def before_prepare(self, accelerator: Accelerator, model: Any) -> None:
         """Called with each model just before Accelerate prepares (wraps) it, e.g. to resolve a
-        wrap policy against the model's layers."""
+        wrap policy against the model's layers. In a program launched unchanged
+        (``accelerator.acc_launched``) the plugin is Accelerate's or the program's: leave what
+        it decides."""
 
     def full_state_dict(self, accelerator: Accelerator, model: Any) -> dict[str, Any]:
         """The whole model's state, gathered for ``save_pretrained`` on the main process (called

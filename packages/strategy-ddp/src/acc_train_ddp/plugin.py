@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from acc_train.api import Machine, Question, Strategy, StrategyOptions, UserError, hookimpl
+from acc_train.api import Machine, Question, Strategy, StrategyOptions, UserError, hookimpl, warn_once_per_machine
 
 __all__ = ["DDPOptions", "DDPStrategy"]
 
@@ -49,6 +49,25 @@ class DDPStrategy(Strategy[DDPOptions]):
 
     def equivalent_to_ddp(self) -> bool:
         return self.options.comm_hook == "none"  # compression changes the all-reduced gradients
+
+    def launch_env(self, machine: Machine, scratch: Any) -> dict[str, str]:
+        """None: ``accelerate launch`` runs DDP with no variable of its own, and no variable
+        carries DDP's options; :meth:`after_accelerator` applies them in the worker."""
+        return {}
+
+    def after_accelerator(self, accelerator: Any) -> None:
+        """In a program ``acc-train launch`` runs unchanged, the options (if any differs from
+        DDP's defaults) become the Accelerator's ``DistributedDataParallelKwargs``, unless the
+        program passed its own: then the program's win, with a warning."""
+        if not getattr(accelerator, "acc_launched", False) or self.options == DDPOptions():
+            return
+        if accelerator.ddp_handler is not None:
+            warn_once_per_machine(
+                "the program's own DistributedDataParallelKwargs replaces the ddp strategy's options "
+                f"({', '.join(k for k, v in self.options if v != getattr(DDPOptions(), k))}) given to acc-train launch"
+            )
+            return
+        (accelerator.ddp_handler,) = self.accelerator_kwargs(None)["kwargs_handlers"]
 
     def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs

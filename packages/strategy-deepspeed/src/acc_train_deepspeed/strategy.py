@@ -111,6 +111,11 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
     checkpoint_format = "deepspeed"
     accelerate_distributed_types = ("DEEPSPEED",)
     accelerate_config_sections = ("deepspeed_config",)
+    launch_variables = (
+        "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_", "ACCELERATE_CONFIG_DS_FIELDS",
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_CLIPPING",
+    )  # fmt: skip
+    accelerator_arguments = ("deepspeed_plugin", "deepspeed_plugins")
 
     def equivalent_to_ddp(self) -> bool:
         return self.options.config_file is None  # a user's JSON may set its own precision or optimizer
@@ -154,6 +159,97 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
             ds_config = load_ds_config(options.config_file, mbs, gas, clip, precision)
             stage = ds_zero_stage(ds_config, options.config_file)
             return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds_config, zero3_init_flag=stage == 3)}
+        config = self._ds_config(gas, clip)
+        plugin = DeepSpeedPlugin(
+            hf_ds_config=config,
+            zero3_init_flag=bool(options.zero3_init_flag) if options.zero_stage == 3 else False,
+        )
+        return {"deepspeed_plugin": plugin}
+
+    #: options no ``accelerate launch`` variable carries: a DeepSpeed JSON written for the launch carries them
+    JSON_ONLY = ("overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size", "nvme_path")
+
+    def launch_env(self, machine: Machine, scratch: Any) -> dict[str, str]:
+        """``accelerate launch``'s DeepSpeed variables for the options (Accelerate's
+        ``prepare_deepspeed_cmd_env``). ``config_file`` is named by
+        ``ACCELERATE_DEEPSPEED_CONFIG_FILE`` as given (its ``"auto"`` values are filled by
+        Accelerate or the program's Trainer, as under ``accelerate launch``). Options no variable
+        carries (:attr:`JSON_ONLY`) go into a DeepSpeed JSON written for the launch in
+        ``scratch`` and named the same way; then the stage and offload travel in it too (Accelerate
+        refuses to read them twice). Batch size, accumulation and clipping stay ``"auto"``: the
+        program's (or its Trainer's) values fill them; where nothing does by the time the model
+        is prepared, :meth:`before_prepare` turns clipping off, as DDP does not clip."""
+        import json
+
+        options = self.options
+        env = {"ACCELERATE_USE_DEEPSPEED": "true"}
+        if options.config_file is not None:
+            import os
+
+            ds_zero_stage(read_ds_config(options.config_file), options.config_file)
+            env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = os.path.abspath(options.config_file)
+            return env
+        stage = options.zero_stage
+        init = "true" if stage == 3 and options.zero3_init_flag else "false"
+        if any(getattr(options, key) is not None for key in self.JSON_ONLY):
+            config = self._ds_config(gas="auto", clip="auto")
+            config["train_batch_size"] = "auto"
+            path = scratch / "deepspeed.json"
+            path.write_text(json.dumps(config, indent=2))
+            return {**env, "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(path), "ACCELERATE_DEEPSPEED_ZERO3_INIT": init}
+        env.update(
+            {
+                "ACCELERATE_DEEPSPEED_ZERO_STAGE": str(stage),
+                "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": options.offload_optimizer,
+                "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": options.offload_param,
+                "ACCELERATE_DEEPSPEED_ZERO3_INIT": init,
+                "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "true" if stage == 3 and options.zero3_save_16bit_model else "false",
+            }
+        )
+        return env
+
+    def before_prepare(self, accelerator: Any, model: Any) -> None:
+        """A program launched unchanged whose DeepSpeed clipping is still ``"auto"`` when its
+        model is prepared (nothing filled it: an Accelerate script, not a Trainer, which fills it
+        from ``max_grad_norm``) trains without clipping, as the same program does under DDP;
+        Accelerate alone would clip at 1.0."""
+        plugin = accelerator.state.deepspeed_plugin
+        if getattr(accelerator, "acc_launched", False) and plugin is not None and plugin.deepspeed_config.get("gradient_clipping") == "auto":
+            plugin.deepspeed_config["gradient_clipping"] = 0.0
+
+    def after_accelerator(self, accelerator: Any) -> None:
+        """On CPU, switch Accelerate to DeepSpeed with the strategy's plugin (or, in a program
+        launched unchanged, the one built from the launch variables or passed by the program),
+        unless an earlier Accelerator of the process already did: a later one shares its plugin,
+        as on GPUs."""
+        if accelerator.acc_machine.device_type != "cpu":
+            return
+        from acc_train.api import already_running, run_sharded_on_cpu
+
+        if already_running(accelerator, "DEEPSPEED", "deepspeed_plugins"):
+            return
+        plugin = accelerator.acc_kwargs.get("deepspeed_plugin") or accelerator.acc_kwargs.get("deepspeed_plugins")
+        if isinstance(plugin, dict):
+            raise UserError(
+                "several DeepSpeed plugins (Accelerator(deepspeed_plugins={...})) were not tried on CPU",
+                where="Accelerator(deepspeed_plugins=...)",
+                hint="pass one deepspeed_plugin, or run on GPUs",
+            )
+        if plugin is None and getattr(accelerator, "acc_launched", False):
+            from accelerate.utils import DeepSpeedPlugin
+
+            # the plugin Accelerate built from the launch variables, and AcceleratorState dropped on CPU
+            plugin = DeepSpeedPlugin()
+        if plugin is None:
+            raise RuntimeError("strategy deepspeed on CPU: the Accelerator was built without a DeepSpeed plugin")
+        plugin.set_mixed_precision(accelerator.mixed_precision)
+        plugin.select(_from_accelerator_state=True)
+        run_sharded_on_cpu(accelerator, "DEEPSPEED", deepspeed_plugins=plugin)
+        accelerator.deepspeed_engine_wrapped = None
+
+    def _ds_config(self, gas: Any, clip: Any) -> dict[str, Any]:
+        """The DeepSpeed config of the options (no ``config_file``)."""
+        options = self.options
         zero: dict[str, Any] = {"stage": options.zero_stage}
         for key in ("overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size"):
             if getattr(options, key) is not None:
@@ -164,28 +260,12 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
             zero["offload_param"] = {"device": options.offload_param, **({"nvme_path": options.nvme_path} if options.offload_param == "nvme" else {})}
         if options.zero_stage == 3:
             zero["stage3_gather_16bit_weights_on_model_save"] = bool(options.zero3_save_16bit_model)
-        config = {
+        return {
             "train_micro_batch_size_per_gpu": "auto",
             "gradient_accumulation_steps": gas,
             "gradient_clipping": clip,
             "zero_optimization": zero,
         }
-        plugin = DeepSpeedPlugin(
-            hf_ds_config=config,
-            zero3_init_flag=bool(options.zero3_init_flag) if options.zero_stage == 3 else False,
-        )
-        return {"deepspeed_plugin": plugin}
-
-    def after_accelerator(self, accelerator: Any) -> None:
-        if accelerator.acc_machine.device_type != "cpu":
-            return
-        from acc_train.api import run_sharded_on_cpu
-
-        plugin = accelerator.acc_kwargs["deepspeed_plugin"]
-        plugin.set_mixed_precision(accelerator.mixed_precision)
-        plugin.select(_from_accelerator_state=True)
-        run_sharded_on_cpu(accelerator, "DEEPSPEED", deepspeed_plugins=plugin)
-        accelerator.deepspeed_engine_wrapped = None
 
     def expected_distributed_types(self, machine: Machine) -> set[str]:
         return {"DEEPSPEED"}

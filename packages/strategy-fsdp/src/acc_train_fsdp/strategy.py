@@ -37,6 +37,8 @@ class FSDPStrategy(Strategy[FSDPOptions]):
     checkpoint_format = "dcp"
     accelerate_distributed_types = ("FSDP",)
     accelerate_config_sections = ("fsdp_config", "parallelism_config")
+    launch_variables = ("ACCELERATE_USE_FSDP", "FSDP_", "ACCELERATE_USE_PARALLELISM_CONFIG", "PARALLELISM_CONFIG_")
+    accelerator_arguments = ("fsdp_plugin",)
 
     def checkpoint_format_name(self) -> str:
         """Sharded: core's ``dcp`` (each rank writes its shards; portable across strategies and
@@ -238,37 +240,14 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             )
         if self._pure_tp(current_machine().world_size):  # no FSDP: the mesh alone (on CPU: after_accelerator)
             return {} if on_cpu else {"parallelism_config": self._parallelism_config()}
-        ram_efficient = options.cpu_ram_efficient_loading
-        if ram_efficient and job is not None and job.config.model.name_or_path is None:
-            warn_once_per_machine("strategy.cpu_ram_efficient_loading has no effect on the demo model (nothing is loaded from disk)")
-        if ram_efficient and on_cpu and options.version == 1:
-            warn_once_per_machine(
-                "strategy.cpu_ram_efficient_loading is not used under FSDP1 on CPU (it needs the rank-0 broadcast "
-                "FSDP1 cannot do there); every rank loads the weights itself"
-            )
-            ram_efficient = False
         if not on_cpu:
             # Accelerate picks its cuda:nccl,cpu:gloo backend (needed when state lives on CPU) from
             # these variables, which `accelerate launch` sets from the same options
             os.environ["FSDP_OFFLOAD_PARAMS"] = str(options.cpu_offload).lower()
             os.environ["FSDP_STATE_DICT_TYPE"] = "SHARDED_STATE_DICT" if options.state_dict_type == "sharded" else "FULL_STATE_DICT"
-        kwargs: dict[str, Any] = {
-            "fsdp_version": options.version,
-            "cpu_offload": options.cpu_offload,
-            "activation_checkpointing": options.activation_checkpointing,
-            "state_dict_type": "SHARDED_STATE_DICT" if options.state_dict_type == "sharded" else "FULL_STATE_DICT",
-            "cpu_ram_efficient_loading": ram_efficient,
-            # the wrap policy is resolved against the model in before_prepare
-            "auto_wrap_policy": "no_wrap",
-        }
-        if options.version == 1:
-            kwargs["sharding_strategy"] = (options.sharding_strategy or "full_shard").upper()
-            kwargs["backward_prefetch"] = (options.backward_prefetch or "backward_pre").upper() if options.backward_prefetch != "none" else None
-            kwargs["forward_prefetch"] = bool(options.forward_prefetch)
-            kwargs["sync_module_states"] = self._sync_module_states(options)
-            kwargs["use_orig_params"] = True if options.use_orig_params is None else options.use_orig_params
-        else:
-            kwargs["reshard_after_forward"] = True if options.reshard_after_forward is None else options.reshard_after_forward
+        kwargs = self._plugin_kwargs(on_cpu, job)
+        # the wrap policy is resolved against the model in before_prepare
+        kwargs["auto_wrap_policy"] = "no_wrap"
         if options.mixed_precision_policy is not None:
             mp = options.mixed_precision_policy.model_dump()
             if options.version == 2:
@@ -280,6 +259,101 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         if mesh is not None and not on_cpu:  # on CPU: after_accelerator, once the run is FSDP (Accelerate refuses MULTI_CPU)
             out["parallelism_config"] = mesh
         return out
+
+    def _plugin_kwargs(self, on_cpu: bool, job: Any) -> dict[str, Any]:
+        """``FullyShardedDataParallelPlugin`` arguments for the options, less the wrap policy and
+        the mixed-precision policy: what :meth:`accelerator_kwargs` builds the plugin from, and
+        what :meth:`launch_env` exports as Accelerate's variables."""
+        options = self.options
+        ram_efficient = options.cpu_ram_efficient_loading
+        if ram_efficient and job is not None and job.config.model.name_or_path is None:
+            warn_once_per_machine("strategy.cpu_ram_efficient_loading has no effect on the demo model (nothing is loaded from disk)")
+        if ram_efficient and on_cpu and options.version == 1:
+            warn_once_per_machine(
+                "strategy.cpu_ram_efficient_loading is not used under FSDP1 on CPU (it needs the rank-0 broadcast "
+                "FSDP1 cannot do there); every rank loads the weights itself"
+            )
+            ram_efficient = False
+        kwargs: dict[str, Any] = {
+            "fsdp_version": options.version,
+            "cpu_offload": options.cpu_offload,
+            "activation_checkpointing": options.activation_checkpointing,
+            "state_dict_type": "SHARDED_STATE_DICT" if options.state_dict_type == "sharded" else "FULL_STATE_DICT",
+            "cpu_ram_efficient_loading": ram_efficient,
+        }
+        if options.version == 1:
+            kwargs["sharding_strategy"] = (options.sharding_strategy or "full_shard").upper()
+            kwargs["backward_prefetch"] = (options.backward_prefetch or "backward_pre").upper() if options.backward_prefetch != "none" else None
+            kwargs["forward_prefetch"] = bool(options.forward_prefetch)
+            kwargs["sync_module_states"] = self._sync_module_states(options)
+            kwargs["use_orig_params"] = True if options.use_orig_params is None else options.use_orig_params
+        else:
+            kwargs["reshard_after_forward"] = True if options.reshard_after_forward is None else options.reshard_after_forward
+        return kwargs
+
+    def launch_env(self, machine: Machine, scratch: Any) -> dict[str, str]:
+        """``accelerate launch``'s FSDP variables for the options (Accelerate's
+        ``prepare_multi_gpu_env``). No variable carries ``mixed_precision_policy``, a wrap policy
+        a plugin registered, or the mesh (``dp_replicate``, ``dp_shard``, ``tp``, ``cp``): each is
+        refused by name, with what to do in the program instead."""
+        options = self.options
+        for name in ("dp_replicate", "dp_shard", "tp", "cp"):
+            if getattr(options, name) is not None:
+                raise UserError(
+                    f"strategy.{name} (the device mesh) has no `accelerate launch` variable that acc-train exports, "
+                    "and a program launched unchanged builds its own mesh",
+                    where=f"strategy.{name}",
+                    hint="pass accelerate's ParallelismConfig to Accelerator(parallelism_config=...) in your program, "
+                    "or train through a job config (acc-train --config JOB.yaml), where the mesh options apply",
+                )
+        if options.mixed_precision_policy is not None:
+            raise UserError(
+                "strategy.mixed_precision_policy has no `accelerate launch` variable",
+                where="strategy.mixed_precision_policy",
+                hint="drop it (--mixed-precision sets FSDP's casts), or pass FullyShardedDataParallelPlugin("
+                "mixed_precision_policy=...) to Accelerator in your program",
+            )
+        from acc_train.api import wrap_policies
+
+        policy = wrap_policies().get(options.auto_wrap_policy).name
+        if policy not in ("transformer", "size", "none"):
+            raise UserError(
+                f"wrap policy {policy!r} is a plugin's, which no `accelerate launch` variable can name",
+                where="strategy.auto_wrap_policy",
+                hint="use transformer, size or none with acc-train launch, or pass the policy to "
+                "FullyShardedDataParallelPlugin(auto_wrap_policy=...) in your program",
+            )
+        kwargs = self._plugin_kwargs(machine.device_type == "cpu", None)
+
+        def flag(value: Any) -> str:
+            return str(bool(value)).lower()
+
+        env = {
+            "ACCELERATE_USE_FSDP": "true",
+            "FSDP_VERSION": str(kwargs["fsdp_version"]),
+            "FSDP_OFFLOAD_PARAMS": flag(kwargs["cpu_offload"]),
+            "FSDP_ACTIVATION_CHECKPOINTING": flag(kwargs["activation_checkpointing"]),
+            "FSDP_STATE_DICT_TYPE": kwargs["state_dict_type"],
+            "FSDP_CPU_RAM_EFFICIENT_LOADING": flag(kwargs["cpu_ram_efficient_loading"]),
+        }
+        if options.version == 1:
+            env["FSDP_SHARDING_STRATEGY"] = kwargs["sharding_strategy"]
+            env["FSDP_BACKWARD_PREFETCH"] = kwargs["backward_prefetch"] or "NO_PREFETCH"
+            env["FSDP_FORWARD_PREFETCH"] = flag(kwargs["forward_prefetch"])
+            env["FSDP_SYNC_MODULE_STATES"] = flag(kwargs["sync_module_states"])
+            env["FSDP_USE_ORIG_PARAMS"] = flag(kwargs["use_orig_params"])
+        else:
+            env["FSDP_RESHARD_AFTER_FORWARD"] = flag(kwargs["reshard_after_forward"])
+        if policy == "transformer":
+            env["FSDP_AUTO_WRAP_POLICY"] = "TRANSFORMER_BASED_WRAP"  # no classes: the model's _no_split_modules
+            if options.transformer_layer_cls_to_wrap:
+                env["FSDP_TRANSFORMER_CLS_TO_WRAP"] = ",".join(options.transformer_layer_cls_to_wrap)
+        elif policy == "size":
+            env["FSDP_AUTO_WRAP_POLICY"] = "SIZE_BASED_WRAP"
+            env["FSDP_MIN_NUM_PARAMS"] = str(options.min_num_params or DEFAULT_MIN_NUM_PARAMS)
+        else:
+            env["FSDP_AUTO_WRAP_POLICY"] = "NO_WRAP"
+        return env
 
     @staticmethod
     def _sync_module_states(options: FSDPOptions) -> bool:
@@ -296,10 +370,15 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         return False
 
     def after_accelerator(self, accelerator: Any) -> None:
+        """On CPU, switch Accelerate to FSDP with the strategy's plugin (or, in a program
+        launched unchanged, the one Accelerate built from the launch variables or the program
+        passed), unless an earlier Accelerator of the process already did."""
         if accelerator.acc_machine.device_type != "cpu":
             return
-        from acc_train.api import run_sharded_on_cpu
+        from acc_train.api import already_running, run_sharded_on_cpu
 
+        if already_running(accelerator, "FSDP", "fsdp_plugin"):
+            return
         if self._pure_tp(accelerator.num_processes):
             # stays MULTI_CPU, with the mesh Accelerate builds on GPUs (its validation names GPU types
             # only; mesh_sizes checked the sizes): Accelerate wraps no DDP around a tensor-parallel model
@@ -307,7 +386,14 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             accelerator.state.parallelism_config = mesh
             accelerator.state.device_mesh = mesh.get_device_mesh("cpu")
             return
-        plugin = accelerator.acc_kwargs["fsdp_plugin"]
+        plugin = accelerator.acc_kwargs.get("fsdp_plugin")
+        if plugin is None and getattr(accelerator, "acc_launched", False):
+            from accelerate.utils import FullyShardedDataParallelPlugin
+
+            # the plugin Accelerate built from the launch variables, and AcceleratorState dropped on CPU
+            plugin = FullyShardedDataParallelPlugin()
+        if plugin is None:
+            raise RuntimeError("strategy fsdp on CPU: the Accelerator was built without an FSDP plugin")
         if accelerator.mixed_precision != "no":
             plugin.set_mixed_precision(accelerator.mixed_precision)
         mesh = self._parallelism_config()
@@ -331,6 +417,8 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         from acc_train.api import wrap_policies
         from acc_train_fsdp.policies import layer_class_names
 
+        if getattr(accelerator, "acc_launched", False):  # the launch variables' (or the program's) plugin decides
+            return
         options = self.options
         if options.tp not in (None, 1):
             self._tensor_parallel(accelerator, model)
