@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "VERIFIED_ACCELERATE", "already_running", "check_accelerate", "for_a_later_accelerator", "run_sharded_on_cpu",
+    "VERIFIED_ACCELERATE", "already_running", "check_accelerate", "for_a_later_accelerator", "undo_switch_after_reset", "run_sharded_on_cpu",
     "skip_unused_library_imports",
 ]  # fmt: skip
 
@@ -62,11 +62,29 @@ def run_sharded_on_cpu(accelerator: Any, distributed_type: str, **state: Any) ->
     for target in (PartialState(), acc_state):
         target.distributed_type = DistributedType[distributed_type]
         target.device = torch.device("cpu")
+    PartialState._shared_state[_SWITCHED] = True
     for key, value in state.items():
         # a later Accelerator of the same process shares the state: the first one's plugins
         # stay, as Accelerate keeps them on GPUs (after AcceleratorState._reset_state() there are none)
         if getattr(acc_state, key, None) is None:
             setattr(acc_state, key, value)
+
+
+#: marks PartialState's shared state as switched by :func:`run_sharded_on_cpu`
+_SWITCHED = "_acc_train_switched_on_cpu"
+
+
+def undo_switch_after_reset() -> None:
+    """Before an Accelerator is built: if ``AcceleratorState._reset_state()`` dropped the state
+    that :func:`run_sharded_on_cpu` switched, while the process state (``PartialState``) still
+    says FSDP or DeepSpeed, put the process state back to ``MULTI_CPU``. Accelerate then builds
+    the new state as it built the first one (a DeepSpeed type without its plugin would fail in
+    ``Accelerator.__init__``), and the strategy switches it again."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    if AcceleratorState._shared_state == {} and PartialState._shared_state.pop(_SWITCHED, False):
+        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_CPU
 
 
 def already_running(accelerator: Any, distributed_type: str, plugin_attribute: str) -> bool:

@@ -96,8 +96,9 @@ class Accelerator(accelerate.Accelerator):
             merged["kwargs_handlers"] = [*handlers, timeout]  # a script's own handler wins
         if machine.device_type == "cpu":
             merged["cpu"] = True
-        from acc_train.accelerate_compat import for_a_later_accelerator
+        from acc_train.accelerate_compat import for_a_later_accelerator, undo_switch_after_reset
 
+        undo_switch_after_reset()
         if for_a_later_accelerator(merged):
             pass  # the process's state already runs: its mixed precision was resolved when it started
         elif merged.get("mixed_precision") in (None, "auto"):

@@ -63,6 +63,7 @@ def adopt_accelerate(strategy: Any, machine: Any) -> LaunchedProgram:
     import accelerate
     import torch
 
+    from acc_train.accelerate_compat import undo_switch_after_reset
     from acc_train.errors import UserError
 
     program = LaunchedProgram()
@@ -78,6 +79,7 @@ def adopt_accelerate(strategy: Any, machine: Any) -> LaunchedProgram:
             program.accelerators += 1
             return
         _refuse_contradicting_plugins(strategy, expected, kwargs)
+        undo_switch_after_reset()
         original_init(self, *args, **kwargs)
         self.acc_strategy, self.acc_machine, self.acc_kwargs, self.acc_launched = strategy, machine, kwargs, True
         self._acc_prepared = set()

@@ -311,7 +311,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 "strategy.mixed_precision_policy has no `accelerate launch` variable",
                 where="strategy.mixed_precision_policy",
                 hint="drop it (--mixed-precision sets FSDP's casts), or pass FullyShardedDataParallelPlugin("
-                "mixed_precision_policy=...) to Accelerator in your program",
+                "mixed_precision_policy=...) to Accelerator(fsdp_plugin=...) in your program",
             )
         from acc_train.api import wrap_policies
 
