@@ -62,7 +62,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     report_plugin_failures()
     from acc_train.checkpoint.faults import check_fault_env
     from acc_train.config.optimizer import check_optimizer
-    from acc_train.launcher import default_num_processes
+    from acc_train.launcher import default_num_processes, worker_command
     from acc_train.strategy import Machine
     from acc_train.data import check_data_files, data_kind
     from acc_train.machine import current_machine
@@ -93,7 +93,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
             f.write(job.to_yaml())
         _run_workers(
             cfg.launch,
-            ["-m", "acc_train.worker", config_path],
+            worker_command("acc_train.worker", config_path),
             {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision, "ACC_TRAIN_LAUNCH_TIME": repr(started)},
         )
     finally:
@@ -252,7 +252,7 @@ def launch(ctx: click.Context, program: str, program_args: tuple[str, ...], as_m
     job = resolve_job(merged)
     report_plugin_failures()
     from acc_train.launch_protocol import leftovers_warning, protocol_env, protocol_variables, shell_leftovers
-    from acc_train.launcher import default_num_processes
+    from acc_train.launcher import default_num_processes, worker_command
     from acc_train.machine import current_machine, resolve_mixed_precision
     from acc_train.strategy import Machine
 
@@ -275,7 +275,7 @@ def launch(ctx: click.Context, program: str, program_args: tuple[str, ...], as_m
             for name in leftovers:
                 os.environ.pop(name)
         _compile_env(cfg.training.compile, env)
-        worker = ["-m", "acc_train.script_worker", *(["-m"] if as_module else []), program, *program_args]
+        worker = worker_command("acc_train.script_worker", *(["-m"] if as_module else []), program, *program_args)
         _run_workers(cfg.launch, worker, env)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from acc_train.config import LaunchConfig as LaunchSection
 from acc_train.errors import EXIT_USER_ERROR
 
-__all__ = ["launch", "LaunchFailed", "default_num_processes"]
+__all__ = ["launch", "LaunchFailed", "default_num_processes", "worker_command"]
 
 
 @dataclass
@@ -65,6 +65,15 @@ def _launch_config(section: LaunchSection, nproc: int) -> Any:
         rdzv_configs={"is_host": section.machine_rank == 0},
         **common,
     )
+
+
+def worker_command(module: str, *args: str) -> list[str]:
+    """Interpreter arguments that run ``module`` as ``__main__`` (as ``python -m`` does) without
+    the working directory on ``sys.path``: ``python -m`` would put it first, so a user's
+    ``queue.py`` or ``datasets.py`` there would replace the library every worker imports
+    (Python 3.11's ``-P`` does this, and acc-train supports 3.10)."""
+    bootstrap = f"import sys; del sys.path[0]; import runpy; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    return ["-c", bootstrap, *args]
 
 
 def launch(section: LaunchSection, args: list[str], env: dict[str, str]) -> None:

@@ -57,6 +57,12 @@ def check_creatable(path: str, where: str, what: str = "output directory") -> Pa
     if "\0" in path:
         raise UserError(f"the {what} {path!r} holds a NUL character, which no file name can", where=where)
     target = Path(path)
+    if target.is_symlink() and not target.exists():  # a link to nowhere: the workers would fail late on it
+        raise UserError(
+            f"{path!r} is a symbolic link to {os.readlink(target)!r}, which does not exist",
+            where=where,
+            hint=f"create the directory it points to, or name another {what}",
+        )
     existing, is_dir = _nearest_existing(target)
     if not is_dir:
         shown = "it" if existing == target.absolute() else f"{str(existing)!r}"
