@@ -62,7 +62,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     report_plugin_failures()
     from acc_train.checkpoint.faults import check_fault_env
     from acc_train.config.optimizer import check_optimizer
-    from acc_train.launcher import default_num_processes, worker_command
+    from acc_train.launcher import default_num_processes
     from acc_train.strategy import Machine
     from acc_train.data import check_data_files, data_kind
     from acc_train.machine import current_machine
@@ -82,6 +82,17 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
         check_output_dir(job)
     if cfg.launch.max_restarts:
         _say_elastic(cfg)
+    from acc_train.run_lock import run_lock
+
+    # one run per output directory, for the run's life (the files belong to machine 0)
+    with run_lock(cfg.output_dir) if cfg.launch.machine_rank == 0 else contextlib.nullcontext():
+        _launch_and_report(job)
+
+
+def _launch_and_report(job: Any) -> None:
+    from acc_train.launcher import worker_command
+
+    cfg = job.config
     started = time.time()
     if cfg.data.train_files and not cfg.data.streaming:
         _prepare_data(cfg)  # once per machine, here, with progress bars: the workers read it from the cache
