@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from acc_train.hookspecs import hookimpl
 from acc_train.metrics import METRICS_FILE, MetricsRow, parse_line
+from acc_train.output_paths import replace_file
 from acc_train.plugins import register_temporarily
 from acc_train.trackers import plan_trackers, record_runs, start_trackers, started_runs, store_config
 
@@ -75,7 +76,9 @@ class RunReporter:
             # (a line cut short by a crash, or not text, counts as unlogged)
             text = self.metrics_path.read_text(errors="replace")
             keep = [ln for ln in text.splitlines() if (row := parse_line(ln)) is not None and row.step <= self.resumed_step]
-        self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
+        # a new file renamed into place, then appended to: a hard-linked copy of the run (cp -al)
+        # keeps its own metrics.jsonl when this one resumes
+        replace_file(self.metrics_path, "".join(ln + "\n" for ln in keep).encode())
         self._file = open(self.metrics_path, "a", buffering=1)
         if run.config.training.progress_bar:
             from tqdm.auto import tqdm
