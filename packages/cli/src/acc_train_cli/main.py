@@ -91,6 +91,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
 
 def _launch_and_report(job: Any) -> None:
     from acc_train.launcher import worker_command
+    from acc_train.stop_signals import read_stop_marker
 
     cfg = job.config
     started = time.time()
@@ -102,15 +103,19 @@ def _launch_and_report(job: Any) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(job.to_yaml())
-        _run_workers(
+        received = _run_workers(
             cfg.launch,
             worker_command("acc_train.worker", config_path),
             {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision, "ACC_TRAIN_LAUNCH_TIME": repr(started)},
         )
+        stopped = read_stop_marker(config_path)
     finally:
         os.unlink(config_path)
-        with contextlib.suppress(FileNotFoundError):  # left by the workers once they claimed the run
-            os.unlink(f"{config_path}.claimed")
+        for marker in (f"{config_path}.claimed", f"{config_path}.stopped"):  # left by the workers
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(marker)
+    if received is not None or stopped is not None:
+        _say_stopped(cfg, received, stopped)
     if cfg.launch.machine_rank == 0:
         summary_path = os.path.join(cfg.output_dir, "run.json")
         if os.path.isfile(summary_path):
@@ -162,10 +167,11 @@ def _prepare_data(cfg: Any) -> Any:
     return prepare_data(cfg.data, load_tokenizer(cfg.model))
 
 
-def _run_workers(section: Any, args: list[str], env: dict[str, str]) -> None:
-    """Start the workers; a failed run exits with the workers' code (a user error's included)."""
+def _run_workers(section: Any, args: list[str], env: dict[str, str]) -> int | None:
+    """Start the workers; a failed run exits with the workers' code (a user error's included).
+    Returns the signal the launcher got and passed on to the workers, if one stopped it."""
     from acc_train.errors import EXIT_USER_ERROR
-    from acc_train.launcher import LaunchFailed, launch
+    from acc_train.launcher import LaunchFailed, LaunchStopped, launch
 
     try:
         launch(section, args, env)
@@ -173,6 +179,27 @@ def _run_workers(section: Any, args: list[str], env: dict[str, str]) -> None:
         prefix = "error: " if exc.exit_code == EXIT_USER_ERROR else "error: training failed\n"
         click.echo(prefix + exc.report, err=True)
         sys.exit(exc.exit_code)
+    except LaunchStopped as exc:
+        return exc.signum
+    return None
+
+
+def _say_stopped(cfg: Any, received: int | None, stopped: dict | None) -> None:
+    """One line for a run stopped by a signal, and exit 128 + its number."""
+    import signal
+
+    signum = stopped["signum"] if stopped else received
+    name = signal.Signals(signum).name if signum else "a signal"
+    again = f"acc-train ... --output-dir {cfg.output_dir} --resume auto"
+    if stopped and stopped.get("checkpoint"):
+        click.echo(f"stopped by {name} at step {stopped['step']}: checkpoint {stopped['checkpoint']} saved; continue with `{again}`", err=True)
+    else:
+        from acc_train.checkpoint import find_checkpoint
+
+        latest = find_checkpoint(Path(cfg.output_dir), "auto") if os.path.isdir(cfg.output_dir) else None
+        since = f"the latest checkpoint is {latest}" if latest else "no checkpoint was written yet"
+        click.echo(f"stopped by {name} before a checkpoint of the last step was saved: {since}; continue with `{again}`", err=True)
+    sys.exit(128 + (signum or 15))
 
 
 #: ``accelerate launch`` flags, and what says the same to ``acc-train`` (a flag placed where
@@ -287,7 +314,12 @@ def launch(ctx: click.Context, program: str, program_args: tuple[str, ...], as_m
                 os.environ.pop(name)
         _compile_env(cfg.training.compile, env)
         worker = worker_command("acc_train.script_worker", *(["-m"] if as_module else []), program, *program_args)
-        _run_workers(cfg.launch, worker, env)
+        received = _run_workers(cfg.launch, worker, env)
+    if received is not None:  # passed on to the program: saving on it is the program's business (Trainer's)
+        import signal
+
+        click.echo(f"stopped by {signal.Signals(received).name}: passed on to the program, which had {cfg.launch.shutdown_timeout} s to stop", err=True)
+        sys.exit(128 + received)
 
 
 def _check_program_exists(program: str, as_module: bool) -> None:

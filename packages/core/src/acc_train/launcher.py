@@ -18,7 +18,14 @@ from typing import Any
 from acc_train.config import LaunchConfig as LaunchSection
 from acc_train.errors import EXIT_USER_ERROR
 
-__all__ = ["launch", "LaunchFailed", "default_num_processes", "worker_command"]
+__all__ = ["launch", "LaunchFailed", "LaunchStopped", "default_num_processes", "worker_command"]
+
+
+@dataclass
+class LaunchStopped(Exception):
+    """The launcher got a signal (``signum``); it passed it on to the workers and stopped them."""
+
+    signum: int
 
 
 @dataclass
@@ -48,6 +55,10 @@ def _launch_config(section: LaunchSection, nproc: int) -> Any:
         "max_restarts": section.max_restarts,
         "start_method": "spawn",
         "monitor_interval": 0.1,
+        # the agent passes these on to the workers (which save on launch.save_signals), then
+        # waits shutdown_timeout seconds before killing them
+        "signals_to_handle": ",".join(dict.fromkeys(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", *section.save_signals])),
+        "shutdown_timeout": section.shutdown_timeout,
     }
     if section.num_machines == 1:  # torchrun --standalone: a private rendezvous on a free port
         return LaunchConfig(
@@ -94,10 +105,16 @@ def launch(section: LaunchSection, args: list[str], env: dict[str, str]) -> None
     # failures are reported below, failing rank first; the agent's own log lines only repeat them
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     logging.getLogger("torch.distributed.launcher").setLevel(logging.CRITICAL)
+    # set its own level (torch's LOGLEVEL); a stop on a signal is reported by the command in one line
+    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.CRITICAL)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     try:
         elastic_launch(_launch_config(section, nproc), sys.executable)(*args)
     except ChildFailedError as exc:
         raise _failure_report(exc) from None
+    except SignalException as exc:  # the workers got it too, and had shutdown_timeout seconds to stop
+        raise LaunchStopped(int(exc.sigval)) from None
 
 
 def _failure_report(exc: Any) -> LaunchFailed:

@@ -38,6 +38,7 @@ from acc_train.run import RunContext, reporting
 if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
     from acc_train.config import ResolvedJob
+    from acc_train.stop_signals import StopRequest
 
 __all__ = ["train", "check_output_dir", "claim_output_dir", "restart_resumes", "restart_count", "claimed_marker", "runs_again", "RUN_FILES"]
 
@@ -182,8 +183,10 @@ def _say_restart(restarts: int, resumed_from: str | None, output_dir: str) -> No
     sys.stderr.flush()
 
 
-def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
-    """Run the job on this process (one rank of the launched workers). Returns run.json's content.
+def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | None = None) -> dict[str, Any]:
+    """Run the job on this process (one rank of the launched workers). Returns run.json's content,
+    or, for a run the ranks stopped on a signal (``stop``, set by the worker's handlers),
+    ``{"stopped_by": SIGNUM, "step": N, "checkpoint": PATH}`` (no ``final/``, no ``run.json``).
 
     ``config_file`` is the resolved config the workers were started with; it becomes the run's
     ``config.yaml`` once every check has passed (:func:`claim_output_dir`)."""
@@ -216,7 +219,11 @@ def train(job: ResolvedJob, config_file: str | None = None) -> dict[str, Any]:
     )
     with reporting(run):
         call_lifecycle("acc_train_train_start", run=run)
-        result = run_loop(LoopInputs(run, state, prepared.scheduler, prepared.train_dl, prepared.eval_dl, data.sampler, data.batches_per_epoch, manager, data.stream))
+        result = run_loop(
+            LoopInputs(run, state, prepared.scheduler, prepared.train_dl, prepared.eval_dl, data.sampler, data.batches_per_epoch, manager, data.stream, stop)
+        )
+        if result.stopped_by is not None:  # saved at this step; the run goes on with --resume auto
+            return {"stopped_by": result.stopped_by, "step": state.step, "checkpoint": result.saved[-1] if result.saved else None}
         summary = finish.summarize(run, state, result, resumed_from, data.prepared.summary(), started_at)
         summary["restarts"] = restarts  # the elastic agents' restarts of the workers (the most any machine's made)
         finish.save_final(run, data.tokenizer)

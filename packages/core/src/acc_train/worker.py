@@ -32,14 +32,19 @@ def main(argv: list[str] | None = None) -> None:
 
     @record_errors
     def run() -> None:
+        from acc_train.stop_signals import install, write_stop_marker
+
         try:
             check_fault_env()
             job = load_resolved(args[0])
+            stop = install(job.config.launch.save_signals)  # a signal from here on saves at the next step, then stops
             # a later attempt of this launch (restarted after a failure, or started again after a
             # machine left and rejoined): continue from the latest checkpoint, or start if none
             if runs_again(args[0]) and restart_resumes(job, args[0]):
                 job.config.resume = "auto"
-            train(job, config_file=args[0])
+            summary = train(job, config_file=args[0], stop=stop)
+            if "stopped_by" in summary and os.environ.get("LOCAL_RANK", "0") == "0":  # tell this machine's command
+                write_stop_marker(args[0], summary["stopped_by"], summary["step"], summary["checkpoint"])
         except UserError as exc:
             exit_with_user_error(exc)
         import torch.distributed as dist

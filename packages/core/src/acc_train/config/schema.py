@@ -290,6 +290,14 @@ class LaunchConfig(Section):
     #: Seconds a collective waits for the slowest rank before the run fails (the process
     #: group's timeout): longer than any phase one rank runs while the others wait.
     timeout: float = Field(1800.0, gt=0, le=7 * 24 * 3600, allow_inf_nan=False)
+    #: Signals on which the workers save a checkpoint at the next step boundary and stop (the
+    #: command exits 128 + the signal's number): SIGTERM (Kubernetes' eviction, Slurm at
+    #: preemption or the time limit), SIGINT (Ctrl-C), SIGUSR1 (Slurm's ``--signal=USR1@SECONDS``).
+    #: Empty: a signal stops the run without saving.
+    save_signals: list[Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"]] = Field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"])
+    #: Seconds between the launcher passing a signal on to the workers and killing them (torch
+    #: elastic's ``shutdown_timeout``): room for the rest of a step and one checkpoint write.
+    shutdown_timeout: int = Field(30, ge=1, le=24 * 3600)
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> LaunchConfig:

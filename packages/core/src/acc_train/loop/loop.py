@@ -25,6 +25,7 @@ from acc_train.run import RunContext
 if TYPE_CHECKING:
     from acc_train.data import ResumableSampler
     from acc_train.data.stream import StreamRows
+    from acc_train.stop_signals import StopRequest
 
 __all__ = ["WARMUP_STEPS", "LoopInputs", "LoopResult", "run_loop", "evaluate"]
 
@@ -48,6 +49,8 @@ class LoopInputs:
     manager: CheckpointManager
     #: data.streaming: this rank's stream (no sampler, no epochs; its position goes in every checkpoint)
     stream: StreamRows | None = None
+    #: set by the worker's signal handlers (launch.save_signals); None: signals are not handled
+    stop: StopRequest | None = None
 
 
 @dataclass
@@ -64,6 +67,8 @@ class LoopResult:
     eval_loss: float | None = None
     #: committed checkpoints, in order
     saved: list[str] = field(default_factory=list)
+    #: the signal the ranks agreed to stop on (a checkpoint of the last step was written), or None
+    stopped_by: int | None = None
     #: per save: seconds the loop was blocked
     checkpoint_blocked_s: list[float] = field(default_factory=list)
     #: after the last step: waiting for the last asynchronous save's writes
@@ -146,8 +151,18 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
             elapsed = elapsed_before + now - t_start
             metrics: dict[str, Any] = {"step": state.step, "epoch": state.epoch}
             last = state.step >= run.max_steps
-            if state.step % t_cfg.log_every == 0 or last:
-                mean_loss = accelerator.reduce(loss_sum, reduction="sum") / accelerator.loss_replicas  # the shares of the step's per-token mean
+            logging_step = state.step % t_cfg.log_every == 0 or last
+            stop_now = False
+            if logging_step or inputs.stop is not None:
+                # one reduction carries the step's loss and whether any rank was asked to stop
+                # (a signal reaches the ranks at different moments: they agree here, at a step boundary)
+                signum = float(inputs.stop.signum or 0) if inputs.stop is not None else 0.0
+                asked = torch.tensor([1.0 if signum else 0.0, signum], device=loss_sum.device)
+                reduced = accelerator.reduce(torch.cat([loss_sum.float().reshape(1), asked]), reduction="sum")
+                askers, signals = reduced[1:].tolist()
+                stop_now = askers > 0
+            if logging_step:
+                mean_loss = reduced[0] / accelerator.loss_replicas  # the shares of the step's per-token mean
                 result.last_loss = float(mean_loss.item())
                 result.best_loss = result.last_loss if result.best_loss is None else min(result.best_loss, result.last_loss)
                 metrics.update(
@@ -166,7 +181,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                 result.eval_loss = evaluate(accelerator, model, inputs.eval_dl)
                 call_lifecycle("acc_train_eval_end", run=run, step=state.step, metrics={"step": state.step, "eval_loss": result.eval_loss})
             every = cfg.checkpoint.every
-            if (every and state.step % every == 0) or last:
+            if (every and state.step % every == 0) or last or stop_now:
                 state.elapsed_s = elapsed
                 if inputs.stream is not None:  # every rank's position after the rows this step used
                     from accelerate.utils import gather_object
@@ -174,8 +189,13 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                     state.stream = gather_object([inputs.stream.state_dict()])
                 manager.save(model, optimizer, scheduler, state)
             t_step = time.perf_counter()  # evaluation and saving stay out of the step time
+            if stop_now and not last:
+                result.stopped_by = round(signals / askers)  # the signal the ranks that got one got
+                break
             if last:
                 break
+        if result.stopped_by is not None:
+            break
     # an asynchronous last save is committed before the run is summed up
     result.checkpoint_final_wait_s = manager.finish()
     result.checkpoint_blocked_s = list(manager.blocked_s)
