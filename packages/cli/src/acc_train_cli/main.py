@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -90,6 +89,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
 
 
 def _launch_and_report(job: Any) -> None:
+    from acc_train.launch_files import launch_folder
     from acc_train.launcher import worker_command
     from acc_train.stop_signals import read_stop_marker
 
@@ -99,21 +99,16 @@ def _launch_and_report(job: Any) -> None:
         _prepare_data(cfg)  # once per machine, here, with progress bars: the workers read it from the cache
     # the workers read the resolved config from a file of their own: the output directory is
     # left as it is until every worker's checks have passed (rank 0 then writes config.yaml)
-    fd, config_path = tempfile.mkstemp(prefix="acc-train-", suffix=".yaml")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(job.to_yaml())
+    # (and its markers: claimed, stopped) in this launch's own folder, removed when it ends
+    with launch_folder() as folder:
+        config_path = str(folder / "config.yaml")
+        Path(config_path).write_text(job.to_yaml())
         received = _run_workers(
             cfg.launch,
             worker_command("acc_train.worker", config_path),
             {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision, "ACC_TRAIN_LAUNCH_TIME": repr(started)},
         )
         stopped = read_stop_marker(config_path)
-    finally:
-        os.unlink(config_path)
-        for marker in (f"{config_path}.claimed", f"{config_path}.stopped"):  # left by the workers
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(marker)
     if received is not None or stopped is not None:
         _say_stopped(cfg, received, stopped)
     if cfg.launch.machine_rank == 0:
@@ -305,8 +300,10 @@ def launch(ctx: click.Context, program: str, program_args: tuple[str, ...], as_m
         "ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision,
         "ACC_TRAIN_TIMEOUT": str(cfg.launch.timeout),
     }
-    with tempfile.TemporaryDirectory(prefix="acc-train-launch-") as scratch:  # a strategy's files for the launch (a DeepSpeed JSON)
-        env.update(protocol_env(job.strategy, machine, mixed_precision, Path(scratch)))
+    from acc_train.launch_files import launch_folder
+
+    with launch_folder() as scratch:  # a strategy's files for the launch (a DeepSpeed JSON), removed when it ends
+        env.update(protocol_env(job.strategy, machine, mixed_precision, scratch))
         leftovers = shell_leftovers(env, os.environ, protocol_variables())
         if leftovers:
             click.echo(f"warning: {leftovers_warning(leftovers)}", err=True)

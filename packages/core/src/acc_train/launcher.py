@@ -82,8 +82,12 @@ def worker_command(module: str, *args: str) -> list[str]:
     """Interpreter arguments that run ``module`` as ``__main__`` (as ``python -m`` does) without
     the working directory on ``sys.path``: ``python -m`` would put it first, so a user's
     ``queue.py`` or ``datasets.py`` there would replace the library every worker imports
-    (Python 3.11's ``-P`` does this, and acc-train supports 3.10)."""
-    bootstrap = f"import sys; del sys.path[0]; import runpy; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    (Python 3.11's ``-P`` does this, and acc-train supports 3.10). The worker dies with the
+    command that started it (:func:`acc_train.launch_files.die_with_parent`)."""
+    bootstrap = (
+        "import sys; del sys.path[0]; from acc_train.launch_files import die_with_parent; die_with_parent(); "
+        f"import runpy; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    )
     return ["-c", bootstrap, *args]
 
 
