@@ -7,7 +7,7 @@ three ways per strategy: checkpointing off, on, and a *baseline* with the same j
 ``--base-seq-len`` tokens, whose activations are negligible. Rounds alternate the order of off
 and on. From each run's ``run.json``:
 
-- peak memory: each rank's peak resident set size (``ru_maxrss``, read after the last step), the
+- peak memory: each rank's peak resident set size (``VmHWM``, read after the last step), the
   larger rank. RSS counts everything the process holds: the interpreter and libraries, the data,
   the model state, and what the allocator keeps. To make it follow the tensors that are alive,
   the runs set glibc's ``MALLOC_MMAP_THRESHOLD_`` (default 64 KiB, ``--mmap-threshold 0`` leaves

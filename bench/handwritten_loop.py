@@ -14,7 +14,8 @@ tokens the step counts on all ranks (one all-reduce), summed over ranks for the 
 
 Timing: the wall clock of whole iterations, from the end of the previous step to the end of
 this one (batch fetch, forward, backward, clipping, optimizer and scheduler steps, reducing the
-loss); the first 3 steps are left out. Peak memory: ``ru_maxrss`` (CPU) or
+loss); the first 3 steps are left out. Peak memory: the process's own peak RSS (``VmHWM``, as
+acc-train's run.json reports it; ``ru_maxrss`` where /proc is missing) on CPU, or
 ``max_memory_allocated`` (GPU) right after the last step.
 
 Launch with ``torchrun --standalone --nproc-per-node N``; writes a JSON summary (median step
@@ -174,6 +175,9 @@ def main() -> None:
         epoch += 1
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if os.path.exists("/proc/self/status"):  # the process image's own peak, as acc-train's run.json
+        with open("/proc/self/status") as f:
+            peak = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")), peak)
     if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU") != "1":
         peak = int(torch.cuda.max_memory_allocated())
     per_rank: list = [None] * world

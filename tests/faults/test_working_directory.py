@@ -41,3 +41,20 @@ def test_a_dangling_symlink_as_output_dir_is_refused_before_launch(tmp_path: Pat
     assert "is a symbolic link to" in proc.stderr and "which does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert link.is_symlink() and not (tmp_path / "gone").exists()  # nothing created through the link
+
+
+@pytest.mark.parametrize(
+    ("sets", "says"),
+    [
+        (("model.config.hidden_size=7", "model.config.num_attention_heads=3"), "The hidden size (7) is not a multiple of the number of attention heads (3)"),
+        (("model.config.vocab_size=abc",), "Field 'vocab_size' expected int, got str"),
+    ],
+)
+@pytest.mark.parametrize("command", [("plan",), ("--max-steps", "1")], ids=["plan", "train"])
+def test_a_model_config_transformers_rejects_is_refused_by_plan_and_training(sets: tuple[str, ...], says: str, command: tuple[str, ...], tmp_path: Path) -> None:
+    args = [a for s in sets for a in ("--set", s)]
+    proc = run_cli(*args, *command, "--output-dir", str(tmp_path / "run")) if command[0] != "plan" else run_cli("plan", *args)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "error: model.config: invalid demo model config" in proc.stderr and says in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()

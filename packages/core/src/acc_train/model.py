@@ -96,8 +96,8 @@ def model_config(config: JobConfig) -> Any:
     if mcfg.name_or_path is None:
         try:
             llama = transformers.LlamaConfig(**{**DEMO_MODEL_CONFIG, **mcfg.config})
-        except (TypeError, ValueError) as exc:
-            raise UserError(f"invalid demo model config: {exc}", where="model.config") from None
+        except Exception as exc:  # noqa: BLE001 - what transformers' config validation raises (huggingface_hub's StrictDataclass errors too)
+            raise UserError(f"invalid demo model config: {' '.join(str(exc).split())}", where="model.config") from None
         if llama.vocab_size < 256 and not config.model.tokenizer:
             raise UserError("the demo model reads bytes: vocab_size must be at least 256", where="model.config.vocab_size")
         loaded = llama

@@ -21,11 +21,20 @@ __all__ = ["summarize", "write_run_json", "save_final", "peak_memory_bytes"]
 
 
 def peak_memory_bytes(device_type: str) -> int:
-    """This process's peak: allocated CUDA memory on GPU, resident set size (RSS) on CPU."""
+    """This process's peak: allocated CUDA memory on GPU, resident set size (RSS) on CPU. On
+    Linux the RSS peak is the process image's own (``VmHWM``): ``ru_maxrss`` carries over
+    through fork and exec, so a worker would report the command's peak (tokenizing a corpus)."""
     if device_type == "cuda":
         import torch
 
         return int(torch.cuda.max_memory_allocated())
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
