@@ -73,3 +73,17 @@ def test_a_directory_without_metrics_is_exit_2(tmp_path: Path, make: bool) -> No
     assert proc.returncode == 2
     assert "metrics.jsonl" in proc.stderr or "does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("reference-runs")
+@pytest.mark.parametrize("pointer", [b"step-000099\n", b"\xff\xfe", b""], ids=["dangling", "not-utf8", "empty"])
+def test_a_damaged_latest_pointer_shows_the_checkpoint_resume_auto_finds(ddp_run: Path, tmp_path: Path, pointer: bytes) -> None:
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(ddp_run, out)
+    (out / "checkpoints" / "latest").write_bytes(pointer)
+    proc = run_cli("report", str(out), "--no-png")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary_of(proc.stdout)["checkpoints"] == "step-000010 (step 10), step-000020 (step 20, latest)"

@@ -114,12 +114,18 @@ def read_configured_strategy(path: Path) -> str | None:
 
 
 def _checkpoints(root: Path) -> list[tuple[str, int | None, bool]]:
-    """(name, step, is latest) of each complete checkpoint; a damaged manifest or pointer shows
-    as an unknown step or no latest (``checkpoint inspect`` says what is wrong with it)."""
+    """(name, step, is latest) of each complete checkpoint, "latest" being the one ``--resume
+    auto`` would continue from (the newest complete one where the ``latest`` pointer is damaged);
+    a damaged manifest shows as an unknown step (``checkpoint inspect`` says what is wrong)."""
     if not root.is_dir():
         return []
-    latest_file = root / "latest"
-    latest = latest_file.read_bytes().decode("utf-8", "replace").strip() if latest_file.is_file() else None
+    from acc_train.checkpoint.layout import latest_checkpoint
+
+    try:  # what --resume auto and checkpoint inspect find: the pointer's, or the newest complete one
+        path, _ = latest_checkpoint(root)
+        latest = path.name if path is not None else None
+    except UserError:  # the newest checkpoint's manifest is damaged: none would be resumed
+        latest = None
     found = []
     for d in sorted(root.glob("step-*")):
         manifest = d / "manifest.json"
