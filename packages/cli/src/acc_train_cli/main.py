@@ -121,7 +121,7 @@ def _launch_and_report(job: Any) -> None:
                 click.echo(f"elastic: the workers were restarted {s['restarts']} time(s); the last attempt resumed from {s.get('resumed_from') or 'no checkpoint (step 0)'}")
             click.echo(
                 f"done: {s['steps']} steps under {s['strategy']} ({s['distributed_type']}, world size {s['world_size']}), "
-                f"final loss {loss:.4f}, {s['tokens_per_s'] or 0:.0f} tokens/s -> {cfg.output_dir}"
+                f"final loss {'-' if loss is None else f'{loss:.4f}'}, {s['tokens_per_s'] or 0:.0f} tokens/s -> {cfg.output_dir}"
             )
             from acc_train.report import format_summary, read_run
 

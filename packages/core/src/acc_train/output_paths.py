@@ -21,7 +21,7 @@ from pathlib import Path
 
 from acc_train.errors import UserError
 
-__all__ = ["check_creatable", "check_new_directory", "new_directory", "fresh_directory", "replace_file"]
+__all__ = ["check_creatable", "check_new_directory", "new_directory", "fresh_directory", "replace_directory", "replace_file"]
 
 
 def _umask() -> int:
@@ -145,3 +145,40 @@ def replace_file(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def replace_directory(new: Path, target: Path) -> None:
+    """Put the directory ``new`` in ``target``'s place so that a crash at any moment leaves
+    either the old ``target`` or the new one, whole: an atomic exchange of the two (Linux's
+    ``renameat2(RENAME_EXCHANGE)``), then the old one, now at ``new``, removed. Where the
+    exchange is not available, the old one is renamed aside first (a crash between the two
+    renames leaves it under its aside name, which the next replacement removes)."""
+    if not os.path.lexists(target):
+        os.replace(new, target)
+        return
+    if _exchange(new, target):
+        shutil.rmtree(new, ignore_errors=True)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
+    os.rmdir(aside)
+    os.rename(target, aside)
+    os.replace(new, target)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2`` with ``RENAME_EXCHANGE``); False where the
+    system or the filesystem cannot."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+

@@ -183,6 +183,20 @@ def _say_restart(restarts: int, resumed_from: str | None, output_dir: str) -> No
     sys.stderr.flush()
 
 
+def _losses_from_metrics(output_dir: Path, step: int, result: Any) -> None:
+    """A run resumed at its last step trains nothing: its final and best losses are those its
+    earlier launches logged in metrics.jsonl (kept up to the checkpoint's step)."""
+    from acc_train.metrics import read_metrics
+
+    try:
+        steps = read_metrics(output_dir).steps
+    except UserError:
+        return
+    losses = [row.loss for s, row in steps.items() if s <= step and row.loss is not None]
+    if losses:
+        result.last_loss, result.best_loss = steps[max(s for s in steps if s <= step)].loss, min(losses)
+
+
 def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | None = None) -> dict[str, Any]:
     """Run the job on this process (one rank of the launched workers). Returns run.json's content,
     or, for a run the ranks stopped on a signal (``stop``, set by the worker's handlers),
@@ -224,6 +238,8 @@ def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | 
         )
         if result.stopped_by is not None:  # saved at this step; the run goes on with --resume auto
             return {"stopped_by": result.stopped_by, "step": state.step, "checkpoint": result.saved[-1] if result.saved else None}
+        if result.start_step >= run.max_steps:  # resumed only to finish: the losses are the logged ones
+            _losses_from_metrics(run.output_dir, state.step, result)
         summary = finish.summarize(run, state, result, resumed_from, data.prepared.summary(), started_at)
         summary["restarts"] = restarts  # the elastic agents' restarts of the workers (the most any machine's made)
         finish.save_final(run, data.tokenizer)

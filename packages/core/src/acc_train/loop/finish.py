@@ -13,7 +13,7 @@ from acc_train.checkpoint import TrainerState
 from acc_train.config.optimizer import optimizer_summary
 from acc_train.loop.loop import LoopResult
 from acc_train.model_state import ModelStateMeter
-from acc_train.output_paths import fresh_directory, replace_file
+from acc_train.output_paths import fresh_directory, replace_directory, replace_file
 from acc_train.run import RunContext
 from acc_train.torch_compile import compile_summary
 
@@ -182,6 +182,8 @@ def save_final(run: RunContext, tokenizer: Any) -> None:
     dtype = final_dtype(run.job.config)  # on every rank: a config that cannot be read fails them all, none waits
     state_dict = accelerator.acc_strategy.full_state_dict(accelerator, model)
     if accelerator.is_main_process:
+        for stale in out.glob(".final-*"):  # staged by a run killed while writing final/ (the run lock holds others off)
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = fresh_directory(out, ".final-")
         unwrapped = accelerator.unwrap_model(model)
         if is_adapter_model(unwrapped):
@@ -190,8 +192,5 @@ def save_final(run: RunContext, tokenizer: Any) -> None:
             _save_in_dtype(unwrapped, state_dict, dtype, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        final = out / "final"
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        replace_directory(tmp, out / "final")  # a crash leaves the old final/ or the new one, whole
     accelerator.wait_for_everyone()

@@ -327,6 +327,9 @@ def resume(job: ResolvedJob, manager: CheckpointManager, prepared: Prepared, max
         stream.load_state_dict(state.stream[stream.rank])
     per_batch = manager.accelerator.data_parallel_size * cfg.training.micro_batch_size
     state.batches_in_epoch = state.samples_in_epoch // per_batch  # in this run's micro-batches
+    out = Path(cfg.output_dir)
+    if state.step == max_steps and not ((out / "run.json").is_file() and (out / "final").is_dir()):
+        return state, str(path)  # trained to the end, then stopped while finishing: finish it (final/, run.json)
     if state.step >= max_steps:
         raise UserError(
             f"the checkpoint is at step {state.step}, and this run stops at step {max_steps}",
