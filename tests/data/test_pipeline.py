@@ -217,3 +217,27 @@ def test_npy_files_read_on_demand_what_numpy_reads(tmp_path: Path) -> None:
         f[1000]
     again = pickle.loads(pickle.dumps(window))
     np.testing.assert_array_equal(again[0:7], table[5:12])
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda e: os.truncate(e / "train.tokens.npy", (e / "train.tokens.npy").stat().st_size - 7), "train.tokens.npy holds"),
+        (lambda e: (e / "train.rows.npy").unlink(), "train.rows.npy is missing"),
+        (lambda e: (e / "meta.json").write_text('{"format_version": 1, "tr'), "meta.json"),
+    ],
+    ids=["truncated-tokens", "deleted-rows", "cut-meta"],
+)
+def test_a_damaged_cache_entry_is_rebuilt_with_a_warning(tmp_path: Path, model_dir: Path, damage: Any, says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _corpus(tmp_path / "train.jsonl", 120)
+    tok = _tokenizer(model_dir)
+    first = prepare_data(_cfg(tmp_path, [data]), tok)
+    whole = np.asarray(first.train.tokens[:]).copy()
+    damage(Path(first.path))
+    again = prepare_data(_cfg(tmp_path, [data]), tok)
+    err = capsys.readouterr().err
+    assert f"warning: the data cache entry {first.path} is damaged" in err and says in err and "rebuilding it" in err
+    assert again.cache == "built" and again.path == first.path
+    np.testing.assert_array_equal(np.asarray(again.train.tokens[:]), whole)
+    assert prepare_data(_cfg(tmp_path, [data]), tok).cache == "hit"
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]

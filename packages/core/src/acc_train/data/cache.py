@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -150,6 +151,7 @@ def _build(cfg: DataConfig, tokenizer: Any, root: Path, key: str, num_proc: int)
                 continue
             table = build.tokenize_files(files, f"data.{name}_files", cfg, kind, tokenizer, work, num_proc)
             meta[name] = build.write_split(table, name, work, dtype, _rows_maker(cfg, kind))
+            meta[name]["files"] = sorted(p.name for p in work.glob(f"{name}.*.npy"))  # what verify_entry expects
             del table
         meta["build_s"] = round(time.perf_counter() - t0, 3)
         meta["created"] = time.time()
@@ -167,6 +169,59 @@ def _build(cfg: DataConfig, tokenizer: Any, root: Path, key: str, num_proc: int)
         shutil.rmtree(work, ignore_errors=True)
 
 
+#: the arrays every split has; a loss-flag file exists only where some token does not count
+_SPLIT_ARRAYS = ("tokens", "starts", "rows")
+
+
+def verify_entry(entry: Path) -> str | None:
+    """What is wrong with a cache entry, or None: ``meta.json`` readable, every file its splits
+    list present, and every array's file as long as its header says, with the token, row and
+    document counts meta.json records. Cheap (headers and sizes, no hashing)."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+        splits = [name for name in ("train", "eval") if name in meta]
+        if "train" not in splits:
+            return "meta.json lists no training split"
+    except (OSError, ValueError, TypeError) as exc:
+        return f"meta.json: {exc}"
+    for name in splits:
+        info = meta[name]
+        files = info.get("files") or [f"{name}.{a}.npy" for a in _SPLIT_ARRAYS]  # (entries written before the list)
+        expected_len = {f"{name}.tokens.npy": info.get("tokens"), f"{name}.rows.npy": info.get("rows"), f"{name}.loss.npy": info.get("tokens")}
+        if isinstance(info.get("documents"), int):
+            expected_len[f"{name}.starts.npy"] = info["documents"] + 1
+        for file in files:
+            path = entry / file
+            if not path.is_file():
+                return f"{file} is missing"
+            try:
+                with path.open("rb") as f:
+                    version = np.lib.format.read_magic(f)
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(f)
+                    header = f.tell()
+            except (OSError, ValueError) as exc:
+                return f"{file}: {exc}"
+            want = header + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            size = path.stat().st_size
+            if size != want:
+                return f"{file} holds {size:,} bytes, its header says {want:,}"
+            if expected_len.get(file) is not None and shape[0] != expected_len[file]:
+                return f"{file} holds {shape[0]:,} entries, meta.json says {expected_len[file]:,}"
+    return None
+
+
+def _discard(entry: Path) -> None:
+    """Remove a cache entry: renamed out of the way first, so no reader opens half of it."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{entry.name}.damaged-", dir=entry.parent))
+    os.rmdir(aside)
+    try:
+        os.rename(entry, aside)
+    except OSError:  # another process already moved it
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def _default_num_proc() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -182,6 +237,10 @@ def prepare_data(cfg: DataConfig, tokenizer: Any, since: float | None = None) ->
     key = fingerprint(cfg, tokenizer)
     entry = root / key
     status = "hit"
+    damage = verify_entry(entry) if entry.is_dir() else None
+    if damage is not None:  # trusted, it would fail in the workers (or train on the wrong tokens): rebuilt
+        sys.stderr.write(f"warning: the data cache entry {entry} is damaged ({damage}): rebuilding it\n")
+        _discard(entry)
     if not (entry / "meta.json").is_file():
         try:
             _build(cfg, tokenizer, root, key, cfg.num_proc or _default_num_proc())
