@@ -60,3 +60,14 @@ def test_torch_ddp_is_refused_under_a_sharding_strategy_only(adopted) -> None:
     adopted(resolve_strategy("zero3"))
     with pytest.raises(UserError, match='so strategy "deepspeed" would not apply to it'):
         torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+
+
+def test_the_wrapped_accelerator_keeps_its_signature(adopted) -> None:
+    """Libraries (HF Trainer among them) read Accelerator.__init__'s parameters to see what it takes."""
+    import inspect
+
+    import accelerate
+
+    adopted(resolve_strategy("ddp"))
+    assert "fsdp_plugin" in inspect.signature(accelerate.Accelerator.__init__).parameters
+    assert "device_placement" in inspect.signature(accelerate.Accelerator.prepare).parameters

@@ -11,6 +11,7 @@ Accelerate builds its state and plugins from the launch variables
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 __all__ = ["LaunchedProgram", "adopt_accelerate", "is_plain"]
@@ -71,6 +72,7 @@ def adopt_accelerate(strategy: Any, machine: Any) -> LaunchedProgram:
     original_init, original_prepare, original_prepare_model = cls.__init__, cls.prepare, cls.prepare_model
     expected = strategy.expected_distributed_types(machine)
 
+    @functools.wraps(original_init)  # (libraries read Accelerator.__init__'s signature to see what it takes)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         from acc_train.accelerator import Accelerator as AccTrainAccelerator
 
@@ -101,10 +103,12 @@ def adopt_accelerate(strategy: Any, machine: Any) -> LaunchedProgram:
                 self._acc_prepared.add(id(obj))
                 strategy.before_prepare(self, obj)
 
+    @functools.wraps(original_prepare)
     def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
         before_prepare(self, args)
         return original_prepare(self, *args, **kwargs)
 
+    @functools.wraps(original_prepare_model)
     def prepare_model(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
         before_prepare(self, (model,))
         return original_prepare_model(self, model, *args, **kwargs)
@@ -115,6 +119,7 @@ def adopt_accelerate(strategy: Any, machine: Any) -> LaunchedProgram:
         ddp = torch.nn.parallel.DistributedDataParallel
         original_ddp_init = ddp.__init__
 
+        @functools.wraps(original_ddp_init)
         def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
             raise UserError(
                 f"the program wraps its model in torch.nn.parallel.DistributedDataParallel itself, so strategy "
@@ -123,6 +128,5 @@ def adopt_accelerate(strategy: Any, machine: Any) -> LaunchedProgram:
                 hint="let accelerator.prepare(model) wrap it, or launch with --strategy ddp",
             )
 
-        ddp_init.__wrapped__ = original_ddp_init  # type: ignore[attr-defined]
         ddp.__init__ = ddp_init  # type: ignore[method-assign]
     return program
