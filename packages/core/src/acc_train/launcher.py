@@ -67,13 +67,13 @@ def _launch_config(section: LaunchSection, nproc: int) -> Any:
     endpoint = f"{section.main_process_ip}:{section.main_process_port}"
     if section.rdzv_backend == "static":
         return LaunchConfig(
-            run_id="acc-train", rdzv_backend="static", rdzv_endpoint=endpoint, rdzv_configs={"rank": section.machine_rank, "timeout": 900}, **common
+            run_id="acc-train", rdzv_backend="static", rdzv_endpoint=endpoint, rdzv_configs={"rank": section.machine_rank, "timeout": section.rendezvous_timeout}, **common
         )
     return LaunchConfig(
         run_id=os.environ.get("ACC_TRAIN_RUN_ID", "acc-train"),
         rdzv_backend="c10d",
         rdzv_endpoint=endpoint,
-        rdzv_configs={"is_host": section.machine_rank == 0},
+        rdzv_configs={"is_host": section.machine_rank == 0, "join_timeout": section.rendezvous_timeout},
         **common,
     )
 
@@ -111,34 +111,94 @@ def launch(section: LaunchSection, args: list[str], env: dict[str, str]) -> None
     logging.getLogger("torch.distributed.launcher").setLevel(logging.CRITICAL)
     # set its own level (torch's LOGLEVEL); a stop on a signal is reported by the command in one line
     logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.CRITICAL)
+    from torch.distributed import DistNetworkError
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     try:
         elastic_launch(_launch_config(section, nproc), sys.executable)(*args)
     except ChildFailedError as exc:
         raise _failure_report(exc) from None
+    except (DistNetworkError, RendezvousError) as exc:  # before any worker started: the launch settings
+        raise _rendezvous_report(section, exc) from None
     except SignalException as exc:  # the workers got it too, and had shutdown_timeout seconds to stop
         raise LaunchStopped(int(exc.sigval)) from None
 
 
-def _failure_report(exc: Any) -> LaunchFailed:
-    rank, first = exc.get_first_failure()
-    message = first.message
+def _rendezvous_report(section: LaunchSection, exc: Exception) -> LaunchFailed:
+    """A rendezvous that could not start (a busy port, an address that cannot be reached or
+    bound, machines that did not all join in time): exit 2, naming the setting to change."""
+    endpoint = f"{section.main_process_ip or 'localhost'}:{section.main_process_port}"
+    text = " ".join(str(exc).split())
+    if "EADDRINUSE" in text or "address already in use" in text:
+        what, hint = f"port {section.main_process_port} on this machine is already in use", "set --main-process-port (launch.main_process_port) to a free port, the same on every machine"
+    elif "timed out" in text.lower() or "timeout" in text.lower():
+        what = f"not every machine joined the rendezvous at {endpoint} within {section.rendezvous_timeout:g} s"
+        hint = "start acc-train on every machine (--num-machines), check --main-process-ip / --main-process-port, or raise launch.rendezvous_timeout"
+    else:
+        what, hint = f"the rendezvous at {endpoint} could not start", "check --main-process-ip (machine 0's address, reachable from every machine) and --main-process-port"
+    return LaunchFailed(EXIT_USER_ERROR, f"launch.main_process_port: {what} ({text[:300]})\n  hint: {hint}")
+
+
+#: what a rank records when another rank died under it: a symptom, not the cause
+LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout", "NCCL communicator was aborted", "ProcessGroupNCCL", "Timed out")
+
+
+def _recorded(failure: Any) -> bool:
+    """Whether the rank recorded its error (torch's error file; without one, torch fills
+    ``error_file_data`` with traits only)."""
+    return failure.error_file != "<N/A>" and isinstance(failure.error_file_data, dict) and failure.error_file_data.get("message") not in (None, "<NONE>")
+
+
+def _message(failure: Any) -> str:
+    message = failure.message
     if isinstance(message, dict):
         message = message.get("message", json.dumps(message))
-    text = str(message or "")
+    return str(message or "")
+
+
+def _root_cause(exc: Any) -> tuple[int, Any]:
+    """The failure to show first: the earliest recorded error that is not a lost peer's
+    symptom; else a rank that ended without recording one and was not stopped by the agent
+    (killed by the kernel, crashed in native code, exited on its own); else the earliest."""
+    failures = exc.failures
+    recorded = {r: f for r, f in failures.items() if _recorded(f)}
+    causes = {r: f for r, f in recorded.items() if not any(s in _message(f) for s in LOST_PEER)}
+    if causes:
+        rank = min(causes, key=lambda r: causes[r].timestamp)
+        return rank, causes[rank]
+    silent = {r: f for r, f in failures.items() if not _recorded(f) and f.exitcode not in (-15, -2)}  # not SIGTERM/SIGINT from the agent
+    if silent:
+        rank = min(silent)
+        return rank, silent[rank]
+    return exc.get_first_failure()
+
+
+def _failure_report(exc: Any) -> LaunchFailed:
+    rank, first = _root_cause(exc)
+    text = _message(first)
     # the worker recorded a UserError and exits 2; a process that crashes in native teardown
     # after recording it (seen under heavy load: SIGBUS/abort at interpreter exit) still failed
     # on the user's input, and says so with the same exit code
     if first.exitcode == EXIT_USER_ERROR or text.startswith(("UserError: ", "PluginError: ")):
         return LaunchFailed(EXIT_USER_ERROR, text.removeprefix("UserError: ").removeprefix("PluginError: "))
+    if not _recorded(first):  # torch's placeholder ("To enable traceback see: ...") says nothing
+        if first.exitcode < 0:
+            import signal
+
+            name = signal.Signals(-first.exitcode).name if -first.exitcode in signal.Signals._value2member_map_ else str(-first.exitcode)
+            text = f"killed by {name} without recording an error" + (
+                " (SIGKILL: often the kernel's out-of-memory killer; `dmesg` or the job's memory limit says)" if name == "SIGKILL" else ""
+            )
+        else:
+            text = f"exited with code {first.exitcode} without recording an error; its own output above shows why"
     trace = ""
-    if first.error_file_data:
+    if _recorded(first):
         extra = first.error_file_data.get("message", {})
         if isinstance(extra, dict):
             trace = extra.get("extraInfo", {}).get("py_callstack", "")
     others = sorted(r for r in exc.failures if r != rank)
-    lines = [f"rank {rank} failed first (exit code {first.exitcode}): {text or 'see its output above'}"]
+    lines = [f"rank {rank} failed first (exit code {first.exitcode}): {text}"]
     if trace:
         lines.append(trace.rstrip())
     if others:

@@ -290,6 +290,8 @@ class LaunchConfig(Section):
     #: Seconds a collective waits for the slowest rank before the run fails (the process
     #: group's timeout): longer than any phase one rank runs while the others wait.
     timeout: float = Field(1800.0, gt=0, le=7 * 24 * 3600, allow_inf_nan=False)
+    #: Seconds a machine waits at the rendezvous for the others to join (several machines).
+    rendezvous_timeout: float = Field(900.0, gt=0, le=7 * 24 * 3600, allow_inf_nan=False)
     #: Signals on which the workers save a checkpoint at the next step boundary and stop (the
     #: command exits 128 + the signal's number): SIGTERM (Kubernetes' eviction, Slurm at
     #: preemption or the time limit), SIGINT (Ctrl-C), SIGUSR1 (Slurm's ``--signal=USR1@SECONDS``).
