@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,8 +292,24 @@ class CheckpointManager:
         if isinstance(self.manifest_extra.get("model"), dict):
             check_same_model(manifest, self.manifest_extra["model"], path)
         check_adapters_match(manifest.get("adapters"), self.manifest_extra.get("adapters"), f"--resume {path}")
-        written = manifest.get("data") or {}
-        changed = [f"{k}: checkpoint {written.get(k)!r}, this run {v!r}" for k, v in self.data_signature.items() if written.get(k) != v]
+        written = dict(manifest.get("data") or {})
+        if "train_digest" in self.data_signature and "train_digest" not in written:  # written before digests
+            if acc.is_main_process:
+                sys.stderr.write(
+                    f"warning: checkpoint {path} was written before acc-train recorded a digest of the training data, so this "
+                    "resume cannot check that the data files hold the same tokens (only their counts)\n"
+                )
+            written["train_digest"] = self.data_signature["train_digest"]
+            written.pop("train_files", None)
+        elif "train_digest" in written:
+            written.pop("train_files", None)  # the content decides, not where the files are
+        changed = [
+            f"train_digest: the training data holds other tokens than the checkpoint's run trained on (digest {written.get(k)!r}, now {v!r})"
+            if k == "train_digest"
+            else f"{k}: checkpoint {written.get(k)!r}, this run {v!r}"
+            for k, v in self.data_signature.items()
+            if written.get(k) != v
+        ]
         if changed:
             raise UserError(
                 "this run would not continue the checkpoint's data order:\n  " + "\n  ".join(changed),

@@ -17,6 +17,7 @@ sharing the directory build the same entry, the first rename wins and the other 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -152,6 +153,7 @@ def _build(cfg: DataConfig, tokenizer: Any, root: Path, key: str, num_proc: int)
             table = build.tokenize_files(files, f"data.{name}_files", cfg, kind, tokenizer, work, num_proc)
             meta[name] = build.write_split(table, name, work, dtype, _rows_maker(cfg, kind))
             meta[name]["files"] = sorted(p.name for p in work.glob(f"{name}.*.npy"))  # what verify_entry expects
+            meta[name]["digest"] = split_digest(work, meta[name]["files"])
             del table
         meta["build_s"] = round(time.perf_counter() - t0, 3)
         meta["created"] = time.time()
@@ -167,6 +169,31 @@ def _build(cfg: DataConfig, tokenizer: Any, root: Path, key: str, num_proc: int)
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def split_digest(entry: Path, files: list[str]) -> str:
+    """A digest of a split's content (its tokens, loss flags, example boundaries and rows, as
+    written): what a resumed run checks it trains on the same data, wherever the files now are."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0")
+        with (entry / name).open("rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _with_digests(entry: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with each split's digest; an entry built before digests gets them now (written
+    back atomically, once)."""
+    missing = [name for name in ("train", "eval") if name in meta and "digest" not in meta[name]]
+    for name in missing:
+        files = meta[name].get("files") or sorted(p.name for p in entry.glob(f"{name}.*.npy"))
+        meta[name]["digest"] = split_digest(entry, files)
+    if missing:
+        with contextlib.suppress(OSError):  # a read-only shared cache: computed again next time
+            replace_file(entry / "meta.json", json.dumps(meta, indent=2).encode())
+    return meta
 
 
 #: the arrays every split has; a loss-flag file exists only where some token does not count
@@ -247,7 +274,7 @@ def prepare_data(cfg: DataConfig, tokenizer: Any, since: float | None = None) ->
         except OSError as exc:
             raise UserError(f"cannot write the data cache in {str(root)!r}: {exc}", where="data.cache_dir", hint="set data.cache_dir to a writable directory") from None
         status = "built"
-    meta = json.loads((entry / "meta.json").read_text())
+    meta = _with_digests(entry, json.loads((entry / "meta.json").read_text()))
     if since is not None and meta.get("created", 0) >= since:
         status = "built"
     train = build.open_split(entry, "train")

@@ -282,6 +282,10 @@ def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltM
         "kind": data.prepared.kind,
         "packing": data.prepared.packing,
     }
+    digest = (data.prepared.counts or {}).get("digest") if data.stream is None else None  # type: ignore[union-attr]
+    if digest is not None:  # the tokens themselves: the same data resumes wherever its files now are, other data never
+        del signature["train_files"]
+        signature["train_digest"] = digest
     if data.stream is None:
         signature.update(train_rows=data.train_rows, train_tokens=data.prepared.counts["tokens"])  # type: ignore[union-attr]
     else:  # each rank's position is in its own share of the stream (resume() refuses another world size first)
