@@ -1,9 +1,11 @@
-"""TRL as users write it, nothing of acc-train in it: ``trl_train.py sft|sft-lora|dpo MODEL OUT``.
+"""TRL as users write it, nothing of acc-train in it: ``trl_train.py WHICH[,WHICH...] MODEL OUT``
+with WHICH among ``sft``, ``sft-lora``, ``dpo``, run one after another in this process (each
+trainer builds its own Accelerator, as a script training several does).
 
 SFT trains 4 steps saving at 2, then a new SFTTrainer resumes from checkpoint-2 (as a
 restarted job does); DPO trains 3 steps (its reference model is a second copy of the model).
-Rank 0 prints one ``RESULT {json}`` line: the trainers' own strategy flags, what each rank
-holds of the parameters, and the losses.
+Rank 0 prints one ``RESULT {json}`` line, by WHICH: the trainers' own strategy flags, what each
+rank holds of the parameters, and the losses.
 """
 
 import json
@@ -40,8 +42,7 @@ def summary(trainer, counter):
     }
 
 
-result = {}
-if which in ("sft", "sft-lora"):
+def run_sft(which, out):
     from trl import SFTConfig, SFTTrainer
 
     data = Dataset.from_dict({"text": [" ".join(words[(i * 3 + j) % len(words)] for j in range(12)) for i in range(64)]})
@@ -61,8 +62,10 @@ if which in ("sft", "sft-lora"):
         trainer.train(resume_from_checkpoint=resume)
         return summary(trainer, counter)
 
-    result = {"first": sft(None), "resumed": sft(os.path.join(out, "checkpoint-2")), "checkpoints": sorted(os.listdir(out))}
-else:
+    return {"first": sft(None), "resumed": sft(os.path.join(out, "checkpoint-2")), "checkpoints": sorted(os.listdir(out))}
+
+
+def run_dpo(out):
     from trl import DPOConfig, DPOTrainer
 
     prompts = [" ".join(words[i % 10: i % 10 + 3]) for i in range(32)]
@@ -73,6 +76,11 @@ else:
     trainer = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), args=args, train_dataset=data,
                          processing_class=tok, callbacks=[counter])
     trainer.train()
-    result = {"first": summary(trainer, counter)}
+    return {"first": summary(trainer, counter)}
+
+
+result = {}
+for name in which.split(","):
+    result[name] = run_dpo(os.path.join(out, name)) if name == "dpo" else run_sft(name, os.path.join(out, name))
 if int(os.environ.get("RANK", "0")) == 0:
     print("RESULT", json.dumps(result))
