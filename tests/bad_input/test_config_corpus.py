@@ -308,7 +308,7 @@ CLICK_CASES = [
     Case("flag-rdzv-etcd", ["--rdzv-backend", "etcd", PRINT], ["--rdzv-backend"]),
     Case("flag-max-steps-empty", ["--max-steps", "", PRINT], ["--max-steps"]),
     Case("flag-plan-num-machines-text", ["plan", "--num-machines", "x"], ["--num-machines"]),
-    Case("flag-launch-no-script", ["launch"], ["script"]),
+    Case("flag-launch-no-program", ["launch"], ["program"]),
     Case("flag-validate-directory", ["config", "validate", "conf.d"], ["conf.d"], {"conf.d/a.yaml": "training: {}\n"}),
 ]
 

@@ -36,9 +36,8 @@ def test_killing_the_launcher_stops_its_workers(tmp_path: Path, tiny_model_dir: 
     gone, alive = psutil.wait_procs(workers, timeout=15)
     assert not alive, f"workers outlived their launcher: {[p.pid for p in alive]}"
     assert not (out / "final").exists() and not (out / "run.json").exists()
-    assert folder.is_dir()  # the killed command could not remove its launch folder...
-    run_cli("--help")  # (a command that launches nothing leaves it)
-    assert folder.is_dir()
+    # the killed command could not remove its launch folder; the next launch on the machine does
+    # (another test's launch may already have: the tests run side by side)
     proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, tmp_path / "next", "--max-steps", "1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert not folder.exists()  # ...the next launch on the machine did
+    assert not folder.exists()

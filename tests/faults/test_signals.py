@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import assert_same_losses, read_metrics, reference_args, run_cli
 
-pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("reference-runs")]
+pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("signals")]  # its own: not serialized behind the reference runs' group
 
 
 def _stop_mid_run(args: list[str], out: Path, signum: int, to_every_process: bool) -> tuple[subprocess.CompletedProcess[str], int]:
