@@ -21,12 +21,9 @@ def main() -> None:
     if as_module:
         argv = argv[1:]
     program, *args = argv
-    if as_module:
-        sys.argv = [program, *args]  # runpy puts the module's file in argv[0], as python -m does
-        sys.path.insert(0, os.getcwd())  # as `python -m` does
-    else:
-        sys.argv = [program, *args]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(program)))  # as `python SCRIPT` does
+    sys.argv = [program, *args]  # (run_module puts the module's file in argv[0], as python -m does)
+    # the directory python itself would put first: the working one for -m, the script's own otherwise
+    sys.path.insert(0, os.getcwd() if as_module else os.path.dirname(os.path.abspath(program)))
 
     from acc_train.errors import UserError
     from acc_train.machine import current_machine, is_local_main_process

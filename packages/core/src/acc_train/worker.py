@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
 
     @record_errors
     def run() -> None:
+        from acc_train.machine import is_local_main_process
         from acc_train.stop_signals import install, write_stop_marker
 
         try:
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
             if runs_again(args[0]) and restart_resumes(job, args[0]):
                 job.config.resume = "auto"
             summary = train(job, config_file=args[0], stop=stop)
-            if "stopped_by" in summary and os.environ.get("LOCAL_RANK", "0") == "0":  # tell this machine's command
+            if "stopped_by" in summary and is_local_main_process():  # tell this machine's command
                 write_stop_marker(args[0], summary["stopped_by"], summary["step"], summary["checkpoint"])
         except UserError as exc:
             exit_with_user_error(exc)
