@@ -6,6 +6,7 @@ losses of an uninterrupted run. (``ACC_TRAIN_FAULT`` makes a rank kill itself at
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,10 @@ def test_a_rank_killed_during_a_save_leaves_the_previous_checkpoint_intact(
         verify_checkpoint(ckpts / "step-000012")  # committed whole; only the pointer lagged
     else:
         assert not (ckpts / "step-000012").exists()
-        assert staging.is_dir()
+        assert not staging.exists(), "the command removes what the killed save left once its workers have ended"
+        # a staging directory the command could not remove (the command itself was killed) is never resumed from
+        shutil.copytree(ckpts / "step-000006", staging)
+        (staging / "manifest.json").unlink()
         refused = run_cli(*args, "--resume", str(staging))
         assert refused.returncode == 2, refused.stderr
         assert "staging directory of a save that did not finish" in refused.stderr and "Traceback" not in refused.stderr

@@ -254,6 +254,18 @@ def test_the_sbatch_script_runs_one_task_per_node_and_resolves(tmp_path: Path) -
     assert launch == {**launch, "num_machines": 2, "machine_rank": 1, "main_process_ip": "gpu01", "main_process_port": 27123, "num_processes": 8}
 
 
+def test_the_preemption_script_requeues_and_resumes(tmp_path: Path) -> None:
+    [script] = [b for b in _blocks("bash") if b.startswith("#SBATCH --signal=USR1@")]
+    assert "#SBATCH --requeue" in script
+    [srun] = [shlex.split(line) for line in script.splitlines() if line.startswith("srun ")]
+    args = srun[srun.index("acc-train") + 1 :]
+    (tmp_path / "job.yaml").write_text(_doc_job())
+    env = {"SLURM_JOB_ID": "777123", "SLURM_STEP_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_NODELIST": "gpu01", "SLURM_STEP_TASKS_PER_NODE": "1"}
+    launch, _ = _print_config(args, env, cwd=tmp_path)
+    assert launch["requeue"] is True and launch["save_signals"] == ["SIGTERM", "SIGINT", "SIGUSR1"]
+    assert args[args.index("--resume") + 1] == "auto"  # what the requeued job needs (refused without it)
+
+
 def test_the_pytorchjob_manifest_runs_acc_train_and_resolves(tmp_path: Path) -> None:
     [manifest] = [b for b in _blocks("yaml") if "kind: PyTorchJob" in b]
     docs = {d["kind"]: d for d in yaml.safe_load_all(manifest)}
@@ -338,3 +350,20 @@ def test_faked_slurm_and_torchrun_machines_on_loopback_train_like_a_2_process_ru
     assert "launch settings from torchrun: num_machines=2 ($PET_NNODES), machine_rank=1 ($PET_NODE_RANK)" in logs[1]
     assert yaml.safe_load((out / "run.json").read_text())["world_size"] == 2
     assert_same_losses(read_metrics(out), read_metrics(ddp_run))
+
+
+def test_requeue_needs_resume_auto_and_scontrol_and_says_when_nothing_will_requeue(tmp_path: Path) -> None:
+    from acc_train.cluster import check_requeue, requeue_job
+
+    with pytest.raises(UserError) as err:
+        check_requeue(None, {"SLURM_JOB_ID": "7"})
+    assert err.value.where == "launch.requeue" and "--resume auto" in str(err.value)
+    assert "not a Slurm job (no SLURM_JOB_ID)" in (check_requeue("auto", {"PATH": os.environ["PATH"]}) or "")
+    with pytest.raises(UserError, match="scontrol is not on PATH"):
+        check_requeue("auto", {"SLURM_JOB_ID": "7", "PATH": str(tmp_path)})
+    failing = tmp_path / "scontrol"
+    failing.write_text("#!/bin/sh\necho 'Requested operation is presently disabled for job 7' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    assert check_requeue("auto", {"SLURM_JOB_ID": "7", "PATH": str(tmp_path)}) is None
+    said = requeue_job({"SLURM_JOB_ID": "7", "PATH": str(tmp_path)})
+    assert said.startswith("launch.requeue: `scontrol requeue 7` failed (Requested operation is presently disabled for job 7); submit the job again")

@@ -24,10 +24,14 @@ from tests.conftest import assert_same_losses, read_metrics, reference_args, run
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("signals")]  # its own: not serialized behind the reference runs' group
 
 
-def _stop_mid_run(args: list[str], out: Path, signum: int, to_every_process: bool) -> tuple[subprocess.CompletedProcess[str], int]:
+def _stop_mid_run(
+    args: list[str], out: Path, signum: int, to_every_process: bool, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], int]:
     """Start ``acc-train ARGS``; once it has trained a few steps, send ``signum`` to the launcher
     (or to it and every worker); return the finished command and the step its workers were at."""
-    proc = subprocess.Popen([sys.executable, "-m", "acc_train_cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "acc_train_cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+    )
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None and not (metrics.is_file() and metrics.read_text().count("\n") >= 3):
@@ -62,8 +66,15 @@ def test_a_signal_saves_the_step_stops_and_resumes_to_the_same_losses(
 ) -> None:
     out = tmp_path / "run"
     args = reference_args(tiny_model_dir, tiny_data, out, "--strategy", strategy)
-    stopped, step = _stop_mid_run(args, out, signum, to_every_process)
+    env = None
+    if to_every_process and signum == signal.SIGTERM:  # as Slurm does it: a job submitted with --requeue asks to be requeued
+        env = _fake_slurm(tmp_path)
+        args += ["--set", "launch.requeue=true", "--resume", "auto"]  # the requeued job runs this same command
+    stopped, step = _stop_mid_run(args, out, signum, to_every_process, env)
     assert stopped.returncode == 128 + signum, stopped.stderr[-3000:]
+    if env is not None:
+        assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"  # asked once, by the command, after the save
+        assert "requeued Slurm job 4242: when it starts again, it continues from the latest checkpoint (resume: auto)" in stopped.stderr
     name = signal.Signals(signum).name
     line = re.search(rf"stopped by {name} at step (\d+): checkpoint (\S+) saved; continue with `acc-train \.\.\. --output-dir {out} --resume auto`", stopped.stderr)
     assert line, stopped.stderr[-3000:]
@@ -82,6 +93,18 @@ def test_a_signal_saves_the_step_stops_and_resumes_to_the_same_losses(
         assert before[s]["loss"] == pytest.approx(reference[s]["loss"], abs=1e-6), s
     if signum == signal.SIGINT:  # the resume path is SIGTERM's
         return
-    resumed = run_cli(*args, "--resume", "auto")
+    resumed = run_cli(*args, env=env) if env is not None else run_cli(*args, "--resume", "auto")  # the requeued job, or the user
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_losses(read_metrics(out), reference)
+    if env is not None:  # a run that finishes is not requeued
+        assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
+
+
+def _fake_slurm(tmp_path: Path) -> dict[str, str]:
+    """A Slurm job's variables and an ``scontrol`` that logs what it was asked."""
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol.log'}\n")
+    scontrol.chmod(0o755)
+    return {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}

@@ -18,7 +18,7 @@ __all__ = ["report_plugin_failures", "user_errors"]
 
 
 def user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Mistakes in the user's input: one message, the user-error exit code, no traceback."""
+    """Mistakes in the user's input, and a full disk: one message, the user-error exit code, no traceback."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -28,6 +28,14 @@ def user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
             return f(*args, **kwargs)
         except UserError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_USER_ERROR)
+        except Exception as exc:
+            from acc_train.disk_full import disk_full_error
+
+            full = disk_full_error(exc)  # a full disk anywhere (the data cache, a launch's files): one message
+            if full is None:
+                raise
+            click.echo(f"error: {full}", err=True)
             sys.exit(EXIT_USER_ERROR)
 
     return wrapper

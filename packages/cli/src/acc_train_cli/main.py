@@ -81,11 +81,23 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
         check_output_dir(job)
     if cfg.launch.max_restarts:
         _say_elastic(cfg)
+    if cfg.launch.requeue:
+        from acc_train.cluster import check_requeue
+
+        warning = check_requeue(cfg.resume, os.environ)
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
     from acc_train.run_lock import run_lock
 
     # one run per output directory, for the run's life (the files belong to machine 0)
     with run_lock(cfg.output_dir) if cfg.launch.machine_rank == 0 else contextlib.nullcontext():
-        _launch_and_report(job)
+        try:
+            _launch_and_report(job)
+        finally:
+            if cfg.launch.machine_rank == 0:  # every worker here has ended: what a failed save left goes (a full disk's, say)
+                from acc_train.disk_full import remove_unfinished_writes
+
+                remove_unfinished_writes(cfg.output_dir)
 
 
 def _launch_and_report(job: Any) -> None:
@@ -194,6 +206,10 @@ def _say_stopped(cfg: Any, received: int | None, stopped: dict | None) -> None:
         latest = find_checkpoint(Path(cfg.output_dir), "auto") if os.path.isdir(cfg.output_dir) else None
         since = f"the latest checkpoint is {latest}" if latest else "no checkpoint was written yet"
         click.echo(f"stopped by {name} before a checkpoint of the last step was saved: {since}; continue with `{again}`", err=True)
+    if cfg.launch.requeue and cfg.launch.machine_rank == 0:  # one requeue per job: machine 0's command asks
+        from acc_train.cluster import requeue_job
+
+        click.echo(requeue_job(os.environ), err=True)
     sys.exit(128 + (signum or 15))
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from acc_train.config import ResolvedJob
 from acc_train.errors import UserError
 
-__all__ = ["CLUSTER_KEYS", "SLURM_PORT_BASE", "Detected", "detect_cluster", "resolve_on_cluster", "slurm_port"]
+__all__ = ["CLUSTER_KEYS", "SLURM_PORT_BASE", "Detected", "check_requeue", "detect_cluster", "requeue_job", "resolve_on_cluster", "slurm_port"]
 
 #: Slurm's rendezvous port is ``SLURM_PORT_BASE + job id % 10000``: 20000-29999, the same on
 #: every node of a job, different for jobs sharing a node, below Linux's ephemeral ports (32768-).
@@ -231,3 +231,48 @@ def resolve_on_cluster(load: Callable[[dict[str, Any] | None], ResolvedJob], env
     found.origins = {k: found.origins[k] for k in used}
     job.sources.origins.update({f"launch.{k}": found.origins[k] for k in used})
     return job, found
+
+
+def check_requeue(resume: str | None, env: Mapping[str, str]) -> str | None:
+    """Before launch, with ``launch.requeue`` set: a :class:`UserError` where the requeued job
+    could not continue the run (``resume`` not ``auto``; Slurm's ``scontrol`` not on PATH), or a
+    warning to print outside a Slurm job (nothing will requeue it)."""
+    import shutil
+
+    if resume != "auto":
+        raise UserError(
+            f"launch.requeue runs the same command again after a signal's checkpoint, which must then continue the run, "
+            f"but resume is {resume!r}",
+            where="launch.requeue",
+            hint="add --resume auto (it starts from step 0 when there is no checkpoint yet), or drop launch.requeue",
+        )
+    if not env.get("SLURM_JOB_ID", "").strip():
+        return "launch.requeue is set, but this is not a Slurm job (no SLURM_JOB_ID): a signal saves a checkpoint and stops, and nothing requeues the run"
+    if shutil.which("scontrol", path=env.get("PATH")) is None:
+        raise UserError(
+            "launch.requeue asks Slurm to requeue the job with `scontrol requeue`, but scontrol is not on PATH",
+            where="launch.requeue",
+            hint="run where Slurm's commands are on PATH, or drop launch.requeue",
+        )
+    return None
+
+
+def requeue_job(env: Mapping[str, str]) -> str:
+    """``scontrol requeue $SLURM_JOB_ID`` (machine 0's command, after its workers saved and
+    stopped); the line to print, whether it worked or not."""
+    import subprocess
+
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        return "launch.requeue: not a Slurm job (no SLURM_JOB_ID), so nothing was requeued"
+    try:
+        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=120, env=dict(env))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"launch.requeue: `scontrol requeue {job_id}` failed ({exc}); submit the job again to continue"
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()
+        return (
+            f"launch.requeue: `scontrol requeue {job_id}` failed ({why[-1] if why else f'exit code {done.returncode}'}); "
+            "submit the job again to continue (sbatch --requeue lets Slurm requeue it)"
+        )
+    return f"requeued Slurm job {job_id}: when it starts again, it continues from the latest checkpoint (resume: auto)"

@@ -144,6 +144,10 @@ def _rendezvous_report(section: LaunchSection, exc: Exception) -> LaunchFailed:
 LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout", "NCCL communicator was aborted", "ProcessGroupNCCL", "Timed out")
 
 
+#: how the worker's error file begins for errors in the user's hands (``type(e).__name__: ``)
+USER_ERROR_NAMES = ("UserError: ", "PluginError: ", "DiskFullError: ")
+
+
 def _recorded(failure: Any) -> bool:
     """Whether the rank recorded its error (torch's error file; without one, torch fills
     ``error_file_data`` with traits only)."""
@@ -180,8 +184,10 @@ def _failure_report(exc: Any) -> LaunchFailed:
     # the worker recorded a UserError and exits 2; a process that crashes in native teardown
     # after recording it (seen under heavy load: SIGBUS/abort at interpreter exit) still failed
     # on the user's input, and says so with the same exit code
-    if first.exitcode == EXIT_USER_ERROR or text.startswith(("UserError: ", "PluginError: ")):
-        return LaunchFailed(EXIT_USER_ERROR, text.removeprefix("UserError: ").removeprefix("PluginError: "))
+    if first.exitcode == EXIT_USER_ERROR or text.startswith(USER_ERROR_NAMES):
+        for name in USER_ERROR_NAMES:
+            text = text.removeprefix(name)
+        return LaunchFailed(EXIT_USER_ERROR, text)
     if not _recorded(first):  # torch's placeholder ("To enable traceback see: ...") says nothing
         if first.exitcode < 0:
             import signal

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,49 @@ def _holder(fd: int) -> str:
         return f"pid {info['pid']} on {info['host']}, since {info['since']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "a process that has not yet written its name"
+
+
+def _write_holder(fd: int, since: str, out: Path) -> None:
+    """Write who holds the lock. On a full disk, what failed or killed writes of earlier runs left
+    (a checkpoint's staging directory, a staged final/: this process holds the lock, so nothing
+    writes them) is removed first, with a line saying so; if the disk is still full, a
+    :class:`DiskFullError` says what takes the space."""
+    from acc_train.disk_full import disk_full, disk_full_error, human_bytes, remove_unfinished_writes
+
+    info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}).encode()
+    os.ftruncate(fd, 0)
+    try:
+        os.pwrite(fd, info, 0)
+        return
+    except OSError as exc:
+        if not disk_full(exc, out):
+            raise
+    freed = remove_unfinished_writes(out)
+    if freed:
+        sys.stderr.write(f"acc-train: the disk holding {str(out)!r} is full: removed {human_bytes(freed)} of unfinished writes an earlier run left there\n")
+    try:
+        os.pwrite(fd, info, 0)
+    except OSError as exc:
+        full = disk_full_error(exc, out / LOCK_NAME, what="while taking the run lock", done="nothing was changed", hint=space_hint(out))
+        if full is None:
+            raise
+        raise full from None
+
+
+def space_hint(out: Path) -> str:
+    """What to do about a full disk under ``out``: what the run's checkpoints take there."""
+    from acc_train.checkpoint.layout import complete_steps
+    from acc_train.disk_full import human_bytes, tree_size
+
+    steps = complete_steps(out / "checkpoints") if (out / "checkpoints").is_dir() else []
+    hint = "free space on that filesystem, then run the same command again"
+    if len(steps) > 1:
+        sizes = sum(tree_size(p) for _, p in steps[:-1])
+        hint += (
+            f"; this run's {len(steps) - 1} checkpoint(s) before the latest ({steps[-1][1].name}) take {human_bytes(sizes)} "
+            f"and a resume needs only the latest (e.g. rm -r {steps[0][1]})"
+        )
+    return hint
 
 
 @contextlib.contextmanager
@@ -60,8 +104,11 @@ def run_lock(output_dir: str) -> Iterator[None]:
             hint="wait for that run to end (or stop it), or pass another --output-dir",
         ) from None
     since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}).encode(), 0)
+    try:
+        _write_holder(fd, since, out)
+    except BaseException:
+        os.close(fd)
+        raise
     try:
         yield
     finally:

@@ -119,7 +119,10 @@ def claim_output_dir(job: ResolvedJob, accelerator: Accelerator, config_file: st
                 for moved in aside.iterdir():
                     os.rename(moved, out / moved.name)
                 aside.rmdir()
-            raise UserError(f"cannot write the run's files into {str(out)!r}: {exc}", where="--output-dir") from None
+            from acc_train.disk_full import disk_full_error
+
+            full = disk_full_error(exc, out, what="while writing the run's files into", done="nothing of the run was changed")
+            raise full or UserError(f"cannot write the run's files into {str(out)!r}: {exc}", where="--output-dir") from None
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
     accelerator.wait_for_everyone()

@@ -35,9 +35,11 @@ def main(argv: list[str] | None = None) -> None:
         from acc_train.machine import is_local_main_process
         from acc_train.stop_signals import install, write_stop_marker
 
+        output_dir = None
         try:
             check_fault_env()
             job = load_resolved(args[0])
+            output_dir = job.config.output_dir
             stop = install(job.config.launch.save_signals)  # a signal from here on saves at the next step, then stops
             # a later attempt of this launch (restarted after a failure, or started again after a
             # machine left and rejoined): continue from the latest checkpoint, or start if none
@@ -48,6 +50,13 @@ def main(argv: list[str] | None = None) -> None:
                 write_stop_marker(args[0], summary["stopped_by"], summary["step"], summary["checkpoint"])
         except UserError as exc:
             exit_with_user_error(exc)
+        except Exception as exc:
+            from acc_train.disk_full import disk_full_error
+
+            full = disk_full_error(exc, output_dir)  # any write (metrics, final/, run.json): one message, not a traceback
+            if full is None:
+                raise
+            exit_with_user_error(full)
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():  # a clean exit, not an abort in gloo's teardown

@@ -61,6 +61,7 @@ from acc_train.checkpoint.manifest import (
 )
 from acc_train.checkpoint.portable import PORTABLE_DIR
 from acc_train.checkpoint.rng import capture_rng, restore_rng
+from acc_train.disk_full import raise_if_disk_full
 from acc_train.errors import UserError
 from acc_train.output_paths import replace_file
 
@@ -153,16 +154,26 @@ class CheckpointManager:
     def save(self, model: Any, optimizer: Any, scheduler: Any, state: TrainerState) -> None:
         """Write a checkpoint of ``state``. A synchronous save is committed on return; an
         asynchronous one when its writes are done, at the next save or at :meth:`finish`.
-        ``on_commit`` is called either way."""
+        ``on_commit`` is called either way. A full disk removes the partial checkpoint and
+        raises :class:`~acc_train.disk_full.DiskFullError`; the previous checkpoints stay."""
+        import time
+
+        started = time.perf_counter()  # waiting for a previous asynchronous save counts as blocked
+        self.finish()  # a previous asynchronous save is committed before the next begins
+        staging = self.root / f"{STAGING_PREFIX}{step_dir_name(state.step)}"
+        try:
+            self._save(model, optimizer, scheduler, state, staging, started)
+        except BaseException as exc:
+            raise_if_disk_full(exc, staging, state.step, lambda: [p.name for _, p in complete_steps(self.root)])
+            raise
+
+    def _save(self, model: Any, optimizer: Any, scheduler: Any, state: TrainerState, staging: Path, started: float) -> None:
         import copy
         import time
 
         from safetensors.torch import save_file
 
-        started = time.perf_counter()  # waiting for a previous asynchronous save counts as blocked
-        self.finish()  # a previous asynchronous save is committed before the next begins
         acc = self.accelerator
-        staging = self.root / f"{STAGING_PREFIX}{step_dir_name(state.step)}"
         if acc.is_main_process:
             if staging.exists():
                 shutil.rmtree(staging)
@@ -206,6 +217,15 @@ class CheckpointManager:
 
         future, state, staging, streamed = self._pending
         self._pending = None
+        try:
+            return self._finish(future, state, staging, streamed)
+        except BaseException as exc:
+            raise_if_disk_full(exc, staging, state.step, lambda: [p.name for _, p in complete_steps(self.root)])
+            raise
+
+    def _finish(self, future: Any, state: TrainerState, staging: Path, streamed: StreamHashes) -> float:
+        import time
+
         started = time.perf_counter()
         still_writing = hasattr(future, "done") and not future.done()
         future.result()

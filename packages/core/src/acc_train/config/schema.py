@@ -300,6 +300,10 @@ class LaunchConfig(Section):
     #: Seconds between the launcher passing a signal on to the workers and killing them (torch
     #: elastic's ``shutdown_timeout``): room for the rest of a step and one checkpoint write.
     shutdown_timeout: int = Field(30, ge=1, le=24 * 3600)
+    #: Under Slurm (a job submitted with ``--requeue``): once a signal's checkpoint is saved, ask
+    #: Slurm to requeue the job (``scontrol requeue $SLURM_JOB_ID``); the requeued job runs the
+    #: same command, which continues the run (needs ``resume: auto``).
+    requeue: bool = False
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> LaunchConfig:

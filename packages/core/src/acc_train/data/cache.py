@@ -167,6 +167,14 @@ def _build(cfg: DataConfig, tokenizer: Any, root: Path, key: str, num_proc: int)
         except OSError:
             if not (root / key / "meta.json").is_file():
                 raise
+    except Exception as exc:
+        from acc_train.disk_full import disk_full_error
+
+        full = disk_full_error(exc, work, what="while building the token cache in", done="the partial cache entry was removed",
+                               hint="free space there, or set data.cache_dir to a filesystem with room, then run the same command again")
+        if full is None:
+            raise
+        raise full from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

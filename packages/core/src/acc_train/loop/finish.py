@@ -185,12 +185,21 @@ def save_final(run: RunContext, tokenizer: Any) -> None:
         for stale in out.glob(".final-*"):  # staged by a run killed while writing final/ (the run lock holds others off)
             shutil.rmtree(stale, ignore_errors=True)
         tmp = fresh_directory(out, ".final-")
-        unwrapped = accelerator.unwrap_model(model)
-        if is_adapter_model(unwrapped):
-            save_adapter(unwrapped, state_dict, tmp)
-        else:
-            _save_in_dtype(unwrapped, state_dict, dtype, tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+        try:
+            unwrapped = accelerator.unwrap_model(model)
+            if is_adapter_model(unwrapped):
+                save_adapter(unwrapped, state_dict, tmp)
+            else:
+                _save_in_dtype(unwrapped, state_dict, dtype, tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+        except BaseException as exc:  # a full disk, say: no partial final/ left behind
+            from acc_train.disk_full import disk_full_error
+
+            full = disk_full_error(exc, tmp, what="while writing the final model into", done="the partial final/ was removed; the checkpoints are intact")
+            shutil.rmtree(tmp, ignore_errors=True)
+            if full is not None:
+                raise full from None
+            raise
         replace_directory(tmp, out / "final")  # a crash leaves the old final/ or the new one, whole
     accelerator.wait_for_everyone()
