@@ -31,6 +31,7 @@ import reference  # noqa: E402
 
 BUILTIN = ("ddp", "fsdp", "deepspeed")
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_gen" not in p.parts)
+EXAMPLE_PAGES = [ROOT / "README.md", *PAGES]  # the README's examples are held to the same rule
 GPU_ONLY = "<!-- gpu-only: "
 
 
@@ -211,7 +212,7 @@ def _page_files(page: Path, cwd: Path) -> None:
             (cwd / name.group(1)).write_text(body)
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p.name not in ELSEWHERE], ids=lambda p: p.relative_to(DOCS).as_posix())
+@pytest.mark.parametrize("page", [p for p in EXAMPLE_PAGES if p.name not in ELSEWHERE], ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_each_shell_example_parses_and_the_cheap_ones_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every `acc-train` line of a ```bash block is a command and flags the CLI has; the
     commands that train nothing run (a training command as far as --print-config: resolved);
@@ -249,7 +250,7 @@ def test_each_shell_example_parses_and_the_cheap_ones_run(page: Path, tmp_path: 
 NOT_JOBS = {"kind: PyTorchJob": "tests/cli/test_cluster.py"}
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "yaml")], ids=lambda p: p.relative_to(DOCS).as_posix())
+@pytest.mark.parametrize("page", [p for p in EXAMPLE_PAGES if blocks(p, "yaml")], ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_each_yaml_example_is_a_job_that_resolves(page: Path, tmp_path: Path) -> None:
     """A job config, or a part of one, as `acc-train --config FILE --print-config` resolves it."""
     from acc_train.config.resolve import load_job
