@@ -152,8 +152,8 @@ def test_the_7b_guides_config_resolves_to_zero3_bf16_on_4_processes(tmp_path: Pa
 
 
 def test_the_7b_guides_plan_is_what_acc_train_plan_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The guide's plan block is the command's output for 4 processes (rows of third-party
-    strategies installed here left out)."""
+    """The guide's plan block is the command's output for 4 processes, up to the notes (rows of
+    third-party strategies installed here left out)."""
     _guide_files(tmp_path)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(_cli(), ["plan", "--config", "seed-7b.yaml", "--num-processes", "4"])
@@ -161,7 +161,10 @@ def test_the_7b_guides_plan_is_what_acc_train_plan_prints(tmp_path: Path, monkey
     builtin_rows = [line for line in result.stdout.splitlines() if "local-sgd" not in line]
     text = GUIDE.read_text()
     shown = text[text.index("```\nmodel: ./llama-7b") + 4 :].split("```", 1)[0]
-    assert shown.splitlines() == builtin_rows, "the guide's plan is stale: paste `acc-train plan --config seed-7b.yaml --num-processes 4`"
+    shown_rows = shown.splitlines()
+    assert shown_rows == builtin_rows[: len(shown_rows)] and len(shown_rows) > 12, (
+        "the guide's plan is stale: paste the table of `acc-train plan --config seed-7b.yaml --num-processes 4`"
+    )
 
 
 # ---- every example --------------------------------------------------------------------------------
