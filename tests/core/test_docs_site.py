@@ -129,6 +129,13 @@ def test_every_page_is_in_the_nav() -> None:
         assert rel in nav or rel in generated, f"{rel} is not in mkdocs.yml's nav"
 
 
+def test_every_code_block_is_closed_and_not_empty() -> None:
+    for page in EXAMPLE_PAGES:
+        fences = re.findall(r"^ *```.*$", page.read_text(), flags=re.M)
+        assert len(fences) % 2 == 0, f"{page.name}: a code block is not closed"
+        assert not re.search(r"^```\n```\n", page.read_text(), flags=re.M), f"{page.name}: an empty code block"
+
+
 # ---- the 7B guide ----------------------------------------------------------------------------------
 
 GUIDE = DOCS / "guides" / "fine-tune-7b-zero3.md"
