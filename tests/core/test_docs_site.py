@@ -256,6 +256,19 @@ def test_each_shell_example_parses_and_the_cheap_ones_run(page: Path, tmp_path: 
                 (tmp_path / redirect.strip()).write_text(result.stdout)
 
 
+def test_the_accelerate_config_and_its_acc_train_twin_resolve_to_one_job(tmp_path: Path) -> None:
+    from acc_train.config.resolve import load_job
+
+    files = {}
+    for _, body, _ in blocks(DOCS / "guides" / "from-accelerate-launch.md", "yaml"):
+        name = re.match(r"# (\S+\.yaml)", body)
+        if name:
+            (tmp_path / name.group(1)).write_text(body)
+            files[name.group(1)] = load_job(tmp_path / name.group(1)).to_dict()
+    assert set(files) == {"accelerate.yaml", "job.yaml"}
+    assert files["accelerate.yaml"] == files["job.yaml"]
+
+
 #: YAML blocks that are not job configs, and the test that checks each
 NOT_JOBS = {"kind: PyTorchJob": "tests/cli/test_cluster.py"}
 
