@@ -128,11 +128,11 @@ def config_reference() -> str:
     ]
     for strategy, owner in strategies().primary():
         names = ", ".join(f"`{n}`" for n in strategy.all_names())
-        lines += [f"### Strategy `{strategy.name}`", "", f"{strategy.description}. Names: {names}. Plugin: `{owner}`.", ""]
+        lines += [f"## Strategy `{strategy.name}`", "", f"{strategy.description}. Names: {names}. Plugin: `{owner}`.", ""]
         if strategy.presets:
             lines += ["| preset | options |", "|---|---|"]
             lines += [f"| `{p}` | `{json.dumps(o)}` |" for p, o in strategy.presets.items()]
             lines.append("")
         for path, sub in config_keys(strategy.options_schema, "strategy."):
-            lines += _entry(path, sub, "####")
+            lines += _entry(path, sub, "###")
     return "\n".join(lines)
