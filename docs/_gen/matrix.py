@@ -14,7 +14,6 @@ import html
 import importlib.util
 import io
 import re
-import sys
 import unittest.mock
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,7 +234,6 @@ def render() -> str:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     PAGE.parent.mkdir(parents=True, exist_ok=True)
     PAGE.write_text(render())
     print(f"wrote {PAGE.relative_to(ROOT)}")

@@ -6,6 +6,7 @@ prints, and the shell and YAML examples resolve (or are marked GPU-only, with th
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -14,6 +15,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import click
@@ -24,10 +26,19 @@ from click.testing import CliRunner
 from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"
-sys.path.insert(0, str(DOCS / "_gen"))
 
-import matrix  # noqa: E402
-import reference  # noqa: E402
+
+def _generator(name: str) -> ModuleType:
+    """A script of docs/_gen, imported under a name of its own (it is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"acc_train_docs_{name}", DOCS / "_gen" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+matrix = _generator("matrix")
+reference = _generator("reference")
 
 BUILTIN = ("ddp", "fsdp", "deepspeed")
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_gen" not in p.parts)
