@@ -290,10 +290,9 @@ def test_the_pytorchjob_manifest_runs_acc_train_and_resolves(tmp_path: Path) -> 
         assert launch == {**launch, "num_machines": 2, "machine_rank": int(env["PET_NODE_RANK"]), "main_process_ip": "acc-train-master-0", "num_processes": 8}
 
 
-def test_the_readme_links_the_page() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Multi-node") :]
-    assert "(docs/cluster.md)" in section[: section.index("\n## ")]
+def test_the_readme_and_the_site_link_the_page() -> None:
+    assert "(docs/cluster.md)" in (ROOT / "README.md").read_text()
+    assert "cluster.md" in (ROOT / "mkdocs.yml").read_text()  # in the site's nav
 
 
 # ---- two faked machines on 127.0.0.1 -----------------------------------------------------------------

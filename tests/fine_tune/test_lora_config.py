@@ -84,18 +84,18 @@ def test_plan_counts_the_adapters_and_the_frozen_base(tiny_model_dir: Path) -> N
     assert "frozen base" in text and "LoRA" in text
 
 
-def test_the_readme_fine_tuning_example_resolves_and_plans(tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
-    """The README's "Fine-tune a model" config, pointed at the tiny model and data, is a job
-    acc-train resolves (LoRA, fine-tuning defaults, the tracker) and plans."""
+def test_the_guides_fine_tuning_example_resolves_and_plans(tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    """The "Fine-tune a model" config of docs/guides/chat-and-lora.md, pointed at the tiny model
+    and data, is a job acc-train resolves (LoRA, fine-tuning defaults, the tracker) and plans."""
     import re
 
     import yaml
 
     from tests.conftest import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"```yaml\n(# finetune\.yaml:.*?)```", readme, re.S)
-    assert block, "README: the finetune.yaml example is gone"
+    guide = (ROOT / "docs" / "guides" / "chat-and-lora.md").read_text()
+    block = re.search(r"```yaml\n(# finetune\.yaml:.*?)```", guide, re.S)
+    assert block, "docs/guides/chat-and-lora.md: the finetune.yaml example is gone"
     config = yaml.safe_load(block.group(1))
     config["model"]["name_or_path"] = str(tiny_model_dir)
     config["data"].update(train_files=[str(tiny_data["train"])], eval_files=[str(tiny_data["eval"])], kind="text")

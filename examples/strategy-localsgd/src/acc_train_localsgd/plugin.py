@@ -32,8 +32,7 @@ EXTRAS_KEY = "local_sgd"
 
 
 class LocalSGDOptions(StrategyOptions):
-    #: Optimizer steps between parameter averages (K). Larger: less communication.
-    sync_every: int = Field(4, ge=1)
+    sync_every: int = Field(4, ge=1, description="Optimizer steps between parameter averages (K). Larger: less communication.")
 
 
 class LocalSGDStrategy(Strategy[LocalSGDOptions]):

@@ -244,7 +244,7 @@ def plan(ctx: click.Context, model: str | None, as_json: bool, mesh: str | None,
     \b
       acc-train plan --num-processes 8 --mixed-precision bf16
       acc-train plan --model ./my-model --set data.seq_len=2048 --micro-batch-size 4
-      acc-train plan --num-processes 8 --num-machines 2 --mesh replicate=2,shard=8
+      acc-train plan --num-processes 8 --mesh replicate=2,shard=4
     """
     model_flag = {"model.name_or_path": (model, "--model")} if model is not None else {}
     job = resolve_job(merge_parent_params(ctx, params), model_flag)

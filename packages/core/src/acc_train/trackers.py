@@ -79,14 +79,21 @@ class TrackerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
 
-    #: The name trackers group runs under: W&B project, MLflow experiment, TensorBoard's folder
-    #: under ``logs/``. One name for every run by default, so runs can be compared.
-    project: NonEmptyStr = DEFAULT_PROJECT
-    #: The run's name in W&B and MLflow. Null: the output directory's name.
-    run_name: NonEmptyStr | None = None
-    #: Each tracker's own arguments, by tracker name (``{wandb: {tags: [a]}}``), handed to
-    #: Accelerate's ``init_trackers(init_kwargs=...)``.
-    init_kwargs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    project: NonEmptyStr = Field(
+        DEFAULT_PROJECT,
+        description=(
+            "The name trackers group runs under: W&B project, MLflow experiment, TensorBoard's folder under "
+            "`logs/`. One name for every run by default, so runs can be compared."
+        ),
+    )
+    run_name: NonEmptyStr | None = Field(None, description="The run's name in W&B and MLflow. Null: the output directory's name.")
+    init_kwargs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description=(
+            "Each tracker's own arguments, by tracker name (`{wandb: {tags: [a]}}`), handed to Accelerate's "
+            "`init_trackers(init_kwargs=...)`."
+        ),
+    )
 
     @field_validator("project")
     @classmethod

@@ -16,18 +16,29 @@ __all__ = ["DDPOptions", "DDPStrategy"]
 
 
 class DDPOptions(StrategyOptions):
-    #: Gradient bucket size in MiB (DDP's ``bucket_cap_mb``).
-    bucket_cap_mb: int = Field(25, ge=1)
-    find_unused_parameters: bool = False
-    gradient_as_bucket_view: bool = False
-    static_graph: bool = False
-    broadcast_buffers: bool = True
-    #: Gradient communication hook: compress gradients before the all-reduce.
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
-    #: PowerSGD's matrix approximation rank.
-    powersgd_rank: int = Field(1, ge=1)
-    #: Steps of plain all-reduce before PowerSGD compression starts.
-    powersgd_start_iter: int = Field(2, ge=1)
+    bucket_cap_mb: int = Field(25, ge=1, description="Gradient bucket size in MiB (DDP's `bucket_cap_mb`).")
+    find_unused_parameters: bool = Field(
+        False,
+        description="DDP's `find_unused_parameters`: needed when some parameters get no gradient in a step.",
+    )
+    gradient_as_bucket_view: bool = Field(
+        False,
+        description=(
+            "DDP's `gradient_as_bucket_view`: gradients are views into the all-reduce buckets (saves one "
+            "copy)."
+        ),
+    )
+    static_graph: bool = Field(False, description="DDP's `static_graph`: the set of used parameters is the same every step.")
+    broadcast_buffers: bool = Field(
+        True,
+        description="DDP's `broadcast_buffers`: rank 0's buffers are broadcast at every forward.",
+    )
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = Field(
+        "none",
+        description="Gradient communication hook: compress gradients before the all-reduce.",
+    )
+    powersgd_rank: int = Field(1, ge=1, description="PowerSGD's matrix approximation rank.")
+    powersgd_start_iter: int = Field(2, ge=1, description="Steps of plain all-reduce before PowerSGD compression starts.")
 
 
 class DDPStrategy(Strategy[DDPOptions]):

@@ -45,27 +45,38 @@ ZERO_KEYS = (
 
 
 class DeepSpeedOptions(StrategyOptions):
-    #: ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters (default 3,
-    #: or the ``config_file``'s).
-    stage: Literal[0, 1, 2, 3] | None = None
-    #: A DeepSpeed JSON config used as given; ``"auto"`` values are filled from the job.
-    config_file: str | None = None
-    #: Where optimizer state lives between steps.
-    offload_optimizer: Offload = "none"
-    #: Where parameters live between uses (stage 3 only).
-    offload_param: Offload = "none"
-    #: Directory for NVMe offload.
-    nvme_path: str | None = None
-    #: Build the model already partitioned (stage 3; for models too large for one rank).
-    zero3_init_flag: bool | None = None
-    #: Gather 16-bit weights when DeepSpeed saves the model (stage 3).
-    zero3_save_16bit_model: bool | None = None
-    overlap_comm: bool | None = None
-    contiguous_gradients: bool | None = None
-    #: Elements per gradient reduction bucket.
-    reduce_bucket_size: int | None = Field(None, ge=1)
-    #: Elements per all-gather bucket (stages 1 and 2).
-    allgather_bucket_size: int | None = Field(None, ge=1)
+    stage: Literal[0, 1, 2, 3] | None = Field(
+        None,
+        description=(
+            "ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters (default 3, or the "
+            "`config_file`'s)."
+        ),
+    )
+    config_file: str | None = Field(
+        None,
+        description="A DeepSpeed JSON config used as given; `\"auto\"` values are filled from the job.",
+    )
+    offload_optimizer: Offload = Field("none", description="Where optimizer state lives between steps.")
+    offload_param: Offload = Field("none", description="Where parameters live between uses (stage 3 only).")
+    nvme_path: str | None = Field(None, description="Directory for NVMe offload.")
+    zero3_init_flag: bool | None = Field(
+        None,
+        description="Build the model already partitioned (stage 3; for models too large for one rank).",
+    )
+    zero3_save_16bit_model: bool | None = Field(
+        None,
+        description="Gather 16-bit weights when DeepSpeed saves the model (stage 3).",
+    )
+    overlap_comm: bool | None = Field(None, description="Overlap gradient reduction with backward (DeepSpeed's `overlap_comm`).")
+    contiguous_gradients: bool | None = Field(
+        None,
+        description=(
+            "Copy gradients into one contiguous buffer as they are produced (DeepSpeed's "
+            "`contiguous_gradients`)."
+        ),
+    )
+    reduce_bucket_size: int | None = Field(None, ge=1, description="Elements per gradient reduction bucket.")
+    allgather_bucket_size: int | None = Field(None, ge=1, description="Elements per all-gather bucket (stages 1 and 2).")
 
     @property
     def zero_stage(self) -> int:

@@ -22,9 +22,9 @@ class MixedPrecisionPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    param_dtype: Dtype | None = None
-    reduce_dtype: Dtype | None = None
-    buffer_dtype: Dtype | None = None
+    param_dtype: Dtype | None = Field(None, description="The dtype FSDP gathers parameters in for compute.")
+    reduce_dtype: Dtype | None = Field(None, description="The dtype gradients are reduced in.")
+    buffer_dtype: Dtype | None = Field(None, description="FSDP1: the dtype buffers are held in.")
 
 
 #: option -> what it is called in the message
@@ -48,56 +48,122 @@ V2_ONLY = {
 
 
 class FSDPOptions(StrategyOptions):
-    #: FSDP version: 2 (``fully_shard``, per-parameter DTensor sharding) or 1 (``FullyShardedDataParallel``).
-    version: Literal[1, 2] = 2
-    #: FSDP1: how parameters, gradients and optimizer state are sharded.
-    sharding_strategy: Literal["full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2"] | None = None
-    #: FSDP2: free the gathered parameters after forward (True = full shard, False = like shard_grad_op).
-    reshard_after_forward: bool | None = None
-    #: A registered wrap policy: ``transformer``, ``size``, ``none`` or a plugin's.
-    auto_wrap_policy: str = "transformer"
-    #: Layer classes wrapped as units by the ``transformer`` policy (default: the model's ``_no_split_modules``).
-    transformer_layer_cls_to_wrap: list[str] | None = None
-    #: Minimum parameters of a unit for the ``size`` policy (default 100M).
-    min_num_params: int | None = Field(None, ge=1)
-    #: FSDP1: when to prefetch the next unit's parameters in backward.
-    backward_prefetch: Literal["backward_pre", "backward_post", "none"] | None = None
-    #: FSDP1: prefetch the next unit's parameters in forward.
-    forward_prefetch: bool | None = None
-    #: Keep parameters (and gradients) in CPU memory between uses; needs a GPU run to mean anything.
-    cpu_offload: bool = False
-    #: Recompute each layer's activations in backward instead of storing them: the same as
-    #: ``training.gradient_checkpointing`` (either or both); for a model transformers cannot
-    #: checkpoint, torch's checkpoint wrapper on each wrapped unit.
-    activation_checkpointing: bool = False
-    #: Checkpoint format: ``sharded`` (torch.distributed.checkpoint, one shard per rank) or ``full``.
-    state_dict_type: Literal["sharded", "full"] = "sharded"
-    #: Load pretrained weights on rank 0 only and broadcast them (large models on little RAM).
-    cpu_ram_efficient_loading: bool = False
-    #: FSDP1: broadcast rank 0's module states at wrap time.
-    sync_module_states: bool | None = None
-    #: FSDP1: keep the original parameters visible (needed by some optimizers and by freezing).
-    use_orig_params: bool | None = None
-    mixed_precision_policy: MixedPrecisionPolicy | None = None
-    #: FSDP2 mesh (Accelerate's ``ParallelismConfig``): replicas of the model, each sharded over
-    #: ``dp_shard`` processes (HSDP when both are above 1; torchtitan's and Accelerate's names).
-    #: Their product is the world size; set one and the other is the world size divided by it.
-    #: Unset: every process shards the model (plain FSDP).
-    dp_replicate: int | None = Field(None, ge=1)
-    dp_shard: int | None = Field(None, ge=1)
-    #: FSDP2 mesh: tensor-parallel size, transformers' ``tp_plan`` of the model over ``tp``
-    #: processes that read the same batches (innermost mesh dimension); dp_replicate x dp_shard
-    #: x tp is the world size. ``tp`` alone (dp_shard 1) is pure tensor parallelism, no FSDP.
-    tp: int | None = Field(None, ge=1)
-    #: FSDP2 mesh: context-parallel size, torch's ``context_parallel`` (ring attention over
-    #: SDPA) through Accelerate: each row's tokens are split over ``cp`` processes that read the
-    #: same batches (between dp_shard and tp in the mesh), and FSDP shards over dp_shard x cp.
-    #: dp_replicate x dp_shard x cp x tp is the world size. CUDA only (torch has no CPU kernel
-    #: for it); needs ``sdpa`` attention, packed rows and ``data.seq_len`` divisible by 2 x cp.
-    cp: int | None = Field(None, ge=1)
-    #: How context-parallel ranks exchange keys and values: ``allgather`` or ``alltoall``
-    #: (Accelerate's ``cp_comm_strategy``; default: Accelerate's, allgather).
-    cp_comm_strategy: Literal["allgather", "alltoall"] | None = None
+    version: Literal[1, 2] = Field(
+        2,
+        description=(
+            "FSDP version: 2 (`fully_shard`, per-parameter DTensor sharding) or 1 "
+            "(`FullyShardedDataParallel`)."
+        ),
+    )
+    sharding_strategy: Literal["full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2"] | None = Field(
+        None,
+        description="FSDP1: how parameters, gradients and optimizer state are sharded.",
+    )
+    reshard_after_forward: bool | None = Field(
+        None,
+        description=(
+            "FSDP2: free the gathered parameters after forward (True = full shard, False = like "
+            "shard_grad_op)."
+        ),
+    )
+    auto_wrap_policy: str = Field(
+        "transformer",
+        description="A registered wrap policy: `transformer`, `size`, `none` or a plugin's.",
+    )
+    transformer_layer_cls_to_wrap: list[str] | None = Field(
+        None,
+        description=(
+            "Layer classes wrapped as units by the `transformer` policy (default: the model's "
+            "`_no_split_modules`)."
+        ),
+    )
+    min_num_params: int | None = Field(
+        None,
+        ge=1,
+        description="Minimum parameters of a unit for the `size` policy (default 100M).",
+    )
+    backward_prefetch: Literal["backward_pre", "backward_post", "none"] | None = Field(
+        None,
+        description="FSDP1: when to prefetch the next unit's parameters in backward.",
+    )
+    forward_prefetch: bool | None = Field(None, description="FSDP1: prefetch the next unit's parameters in forward.")
+    cpu_offload: bool = Field(
+        False,
+        description="Keep parameters (and gradients) in CPU memory between uses; needs a GPU run to mean anything.",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description=(
+            "Recompute each layer's activations in backward instead of storing them: the same as "
+            "`training.gradient_checkpointing` (either or both); for a model transformers cannot checkpoint, "
+            "torch's checkpoint wrapper on each wrapped unit."
+        ),
+    )
+    state_dict_type: Literal["sharded", "full"] = Field(
+        "sharded",
+        description="Checkpoint format: `sharded` (torch.distributed.checkpoint, one shard per rank) or `full`.",
+    )
+    cpu_ram_efficient_loading: bool = Field(
+        False,
+        description="Load pretrained weights on rank 0 only and broadcast them (large models on little RAM).",
+    )
+    sync_module_states: bool | None = Field(None, description="FSDP1: broadcast rank 0's module states at wrap time.")
+    use_orig_params: bool | None = Field(
+        None,
+        description="FSDP1: keep the original parameters visible (needed by some optimizers and by freezing).",
+    )
+    mixed_precision_policy: MixedPrecisionPolicy | None = Field(
+        None,
+        description=(
+            "FSDP's own casts, `{param_dtype, reduce_dtype, buffer_dtype}` (each `fp32`, `bf16` or `fp16`); "
+            "overrides what `training.mixed_precision` implies."
+        ),
+    )
+    dp_replicate: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "FSDP2 mesh (Accelerate's `ParallelismConfig`): replicas of the model, each sharded over "
+            "`dp_shard` processes (HSDP when both are above 1; torchtitan's and Accelerate's names). Their "
+            "product is the world size; set one and the other is the world size divided by it. Unset: every "
+            "process shards the model (plain FSDP)."
+        ),
+    )
+    dp_shard: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "FSDP2 mesh: processes each replica is sharded over (with `dp_replicate`: HSDP). Unset: the world"
+            " size divided by the other sizes."
+        ),
+    )
+    tp: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "FSDP2 mesh: tensor-parallel size, transformers' `tp_plan` of the model over `tp` processes that "
+            "read the same batches (innermost mesh dimension); dp_replicate x dp_shard x tp is the world "
+            "size. `tp` alone (dp_shard 1) is pure tensor parallelism, no FSDP."
+        ),
+    )
+    cp: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "FSDP2 mesh: context-parallel size, torch's `context_parallel` (ring attention over SDPA) through"
+            " Accelerate: each row's tokens are split over `cp` processes that read the same batches (between"
+            " dp_shard and tp in the mesh), and FSDP shards over dp_shard x cp. dp_replicate x dp_shard x cp "
+            "x tp is the world size. CUDA only (torch has no CPU kernel for it); needs `sdpa` attention, "
+            "packed rows and `data.seq_len` divisible by 2 x cp."
+        ),
+    )
+    cp_comm_strategy: Literal["allgather", "alltoall"] | None = Field(
+        None,
+        description=(
+            "How context-parallel ranks exchange keys and values: `allgather` or `alltoall` (Accelerate's "
+            "`cp_comm_strategy`; default: Accelerate's, allgather)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _version_specific(self) -> FSDPOptions:

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import Field, BaseModel, ConfigDict, field_validator, model_validator
 
 from acc_train.errors import UserError
 
@@ -52,18 +52,36 @@ class CompileConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
 
-    enabled: bool = False
-    #: torch.compile's backend: ``inductor`` (generates kernels; needs a C++ compiler on CPU),
-    #: ``aot_eager`` / ``eager`` (capture the graph, run it with aten ops: for debugging), ...
-    backend: Literal[DYNAMO_BACKENDS] = "inductor"  # type: ignore[valid-type]
-    mode: Literal[COMPILE_MODES] = "default"  # type: ignore[valid-type]
-    #: Refuse graph breaks: each compiled region is one graph, or an error. Needs ``regional``.
-    fullgraph: bool = False
-    #: Dynamic shapes: null lets torch decide (it recompiles dynamically when a shape changes).
-    dynamic: bool | None = None
-    #: Compile each repeated block (decoder layer) once and reuse it: much shorter compile time
-    #: (Accelerate's ``use_regional_compilation``).
-    regional: bool = False
+    enabled: bool = Field(
+        False,
+        description="Compile the model with torch.compile (naming any other key of this section switches it on).",
+    )
+    backend: Literal[DYNAMO_BACKENDS] = Field(  # type: ignore[valid-type]
+        "inductor",
+        description=(
+            "torch.compile's backend: `inductor` (generates kernels; needs a C++ compiler on CPU), "
+            "`aot_eager` / `eager` (capture the graph, run it with aten ops: for debugging), ..."
+        ),
+    )
+    mode: Literal[COMPILE_MODES] = Field(  # type: ignore[valid-type]
+        "default",
+        description="torch.compile's mode: `default`, `reduce-overhead`, `max-autotune`, ...",
+    )
+    fullgraph: bool = Field(
+        False,
+        description="Refuse graph breaks: each compiled region is one graph, or an error. Needs `regional`.",
+    )
+    dynamic: bool | None = Field(
+        None,
+        description="Dynamic shapes: null lets torch decide (it recompiles dynamically when a shape changes).",
+    )
+    regional: bool = Field(
+        False,
+        description=(
+            "Compile each repeated block (decoder layer) once and reuse it: much shorter compile time "
+            "(Accelerate's `use_regional_compilation`)."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
