@@ -18,7 +18,6 @@ working tree together must stay under 64 MiB, which the report checks.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -96,16 +95,15 @@ def main() -> None:
     carry = None if args.own_only else fetch_third_party(args.dest)
     own = build_own(args.dest)
     wheels = sorted(args.dest.glob("*.whl"))
-    if carry is not None:
-        manifest = {"wheels": [p.name for p in wheels], "carried": [{"name": c.name, "version": c.version, "why": c.why} for c in carry]}
-        (args.dest / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    if carry is not None and args.dest == WHEELS:
+        wheelset.write_carried(carry)  # committed: the tests check this set without the wheels
     size = sum(p.stat().st_size for p in wheels)
     tree = tree_bytes()
     print(f"\n{len(wheels)} wheels ({len(own)} acc-train's) in {args.dest}: {size / 2**20:.1f} MiB")
     for p in sorted(wheels, key=lambda p: -p.stat().st_size)[:8]:
         print(f"  {p.stat().st_size / 2**20:6.2f} MiB  {p.name}")
     print(f"working tree that travels: {tree / 2**20:.1f} MiB; with the wheels {(size + tree) / 2**20:.1f} MiB of the 64 MiB limit")
-    problems = wheelset.unmet_requirements(wheels)
+    problems = wheelset.unmet_requirements([wheelset.wheel_dist(p) for p in wheels])
     for p in problems:
         print(f"unmet on the device: {p}")
     if size + tree > LIMIT:

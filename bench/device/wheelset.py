@@ -31,8 +31,14 @@ __all__ = [
     "acc_train_requirements",
     "image_packages",
     "plan_carry",
+    "CARRIED",
+    "Dist",
+    "environment_dist",
+    "own_dists",
+    "read_carried",
     "unmet_requirements",
-    "wheel_requirements",
+    "wheel_dist",
+    "write_carried",
 ]
 
 HERE = Path(__file__).resolve().parent
@@ -166,39 +172,92 @@ def _decide(name: str, reqs: list[Requirement], image: dict[str, Version | None]
     return None
 
 
-def wheel_requirements(wheel: Path) -> tuple[str, Version, list[Requirement]]:
-    """A wheel's name, version and runtime requirements, from its METADATA."""
+@dataclass(frozen=True)
+class Dist:
+    """A distribution as the device will have it: name, version, runtime requirements."""
+
+    name: str
+    version: Version
+    requires: tuple[Requirement, ...]
+
+
+def wheel_dist(wheel: Path) -> Dist:
+    """A wheel's name, version and requirements, from its METADATA."""
     name, version, _, _ = parse_wheel_filename(wheel.name)
     with zipfile.ZipFile(wheel) as zf:
         meta_name = next(n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n))
         msg = email.message_from_bytes(zf.read(meta_name))
-    return str(name), version, [Requirement(r) for r in msg.get_all("Requires-Dist") or []]
+    return Dist(str(name), version, tuple(Requirement(r) for r in msg.get_all("Requires-Dist") or []))
 
 
-def unmet_requirements(wheels: list[Path], image: dict[str, Version | None] | None = None) -> list[str]:
-    """Every requirement of the wheels (acc-train's and the carried ones) that neither a carried
-    wheel nor the image meets on the device's Python; empty when the set is complete.
+def own_dists(root: Path = ROOT) -> list[Dist]:
+    """acc-train's five distributions as their wheels will be, from the pyproject.toml files."""
+    out = []
+    for folder in ACC_TRAIN_PACKAGES:
+        project = tomllib.loads((root / "packages" / folder / "pyproject.toml").read_text())["project"]
+        out.append(Dist(str(canonicalize_name(project["name"])), Version(project["version"]), tuple(Requirement(r) for r in project.get("dependencies", []))))
+    return out
 
-    A carried wheel is checked by its version; an image package by its seen version, or, where
-    none was seen, accepted only if nothing constrains it or it is in :data:`TRUST_IMAGE`. Two
-    wheels of one name are a problem too (the install would stop).
+
+def environment_dist(name: str, version: str) -> Dist | None:
+    """``name`` at ``version`` from this environment's installed metadata (the same METADATA its
+    wheel carries), or None when this environment has another version or none."""
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return None
+    if Version(dist.version) != Version(version):
+        return None
+    return Dist(str(canonicalize_name(name)), Version(version), tuple(Requirement(r) for r in dist.requires or []))
+
+
+CARRIED = HERE / "carried.txt"
+
+
+def write_carried(carry: list[Carry], path: Path = CARRIED) -> None:
+    lines = [
+        "# The third-party wheels bench/device/prepare_wheels.py carries to the device (written by it; do not edit).",
+        "# NAME==VERSION  # why. acc-train's own five wheels travel too. tests/device/test_wheels.py checks this set.",
+    ]
+    lines += [f"{c.name}=={c.version}  # {c.why}" for c in carry]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def read_carried(path: Path = CARRIED) -> dict[str, str]:
+    """The committed carry list: canonical name -> version."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            out[str(canonicalize_name(name))] = version
+    return out
+
+
+def unmet_requirements(dists: list[Dist], image: dict[str, Version | None] | None = None) -> list[str]:
+    """Every requirement of ``dists`` (acc-train's and the carried ones) that neither a carried
+    distribution nor the image meets on the device's Python; empty when the set is complete.
+
+    A carried distribution is checked by its version; an image package by its seen version, or,
+    where none was seen, accepted only if nothing constrains it or it is in :data:`TRUST_IMAGE`.
+    Two of one name are a problem too (the install would stop).
     """
     image = image_packages() if image is None else image
     carried: dict[str, Version] = {}
     problems: list[str] = []
-    reqs: list[tuple[str, Requirement]] = []
-    for wheel in wheels:
-        name, version, wreqs = wheel_requirements(wheel)
+    for dist in dists:
+        name = str(canonicalize_name(dist.name))
         if name in carried:
-            problems.append(f"two wheels of {name}: {carried[name]} and {version}")
-        carried[name] = version
-        reqs += [(f"{name} {version}", r) for r in wreqs if applies(r)]
-    for owner, req in reqs:
-        name = canonicalize_name(req.name)
-        if name in carried:
-            if not req.specifier.contains(carried[name], prereleases=True):
-                problems.append(f"{owner} needs {req}; the carried wheel is {carried[name]}")
-        elif _decide(name, [req], image) is None:
-            held = image.get(name, False)
-            problems.append(f"{owner} needs {req}; " + ("neither carried nor in the image" if held is False else f"the image has {held or 'a version nobody read'}"))
+            problems.append(f"two of {name}: {carried[name]} and {dist.version}")
+        carried[name] = dist.version
+    for dist in dists:
+        for req in (r for r in dist.requires if applies(r)):
+            name = str(canonicalize_name(req.name))
+            owner = f"{dist.name} {dist.version}"
+            if name in carried:
+                if not req.specifier.contains(carried[name], prereleases=True):
+                    problems.append(f"{owner} needs {req}; the carried one is {carried[name]}")
+            elif _decide(name, [req], image) is None:
+                held = image.get(name, False)
+                problems.append(f"{owner} needs {req}; " + ("neither carried nor in the image" if held is False else f"the image has {held or 'a version nobody read'}"))
     return problems
