@@ -132,8 +132,8 @@ class Check:
             output, _ = proc.communicate(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            output, _ = proc.communicate()
-            self.log(output or "")
+            output, _ = _drain(proc)
+            self.log(output)
             raise RowFailed(f"timed out after {timeout:.0f} s: {' '.join(cmd[:6])} ...") from None
         self.log(output or "")
         self.log(f"-> exit {proc.returncode} in {time.monotonic() - t0:.1f} s")
@@ -149,7 +149,7 @@ class Check:
             out, err = proc.communicate(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            out, err = proc.communicate()
+            out, err = _drain(proc)
             self.log(f"(beside the row) timed out\n{err}")
             return None, out
         self.log(f"(beside the row) exit {proc.returncode}\n{err[-3000:]}")
@@ -166,8 +166,10 @@ class Check:
         if not start_only and pending is not None and pending[0] == key:
             self._pending = None
             rc, text = self.finish(pending[1], max(self.left(), 5))
-            if rc == 0:
-                self._plans[key] = {r["label"]: r for r in json.loads(text)["rows"]}
+            try:
+                self._plans[key] = {r["label"]: r for r in json.loads(text)["rows"]} if rc == 0 else None
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                self.log(f"(beside the row) plan's JSON unreadable: {exc}")
         return None if start_only else self._plans[key]
 
     def tiny_model(self, timeout: float) -> Path:
@@ -187,17 +189,29 @@ class Check:
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """The process and everything it started (launchers, workers): SIGTERM, then SIGKILL."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """The process and everything it started (launchers, workers): SIGTERM (a launcher passes it
+    on and its workers may save), 10 s, then SIGKILL to whatever of the group is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _drain(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """What a killed process group wrote; given up after 10 s (a stray holder of the pipe)."""
+    try:
+        out, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        return "(output lost: the pipe stayed open after the kill)", ""
+    return out or "", err or ""
 
 
 def _last_line(text: str) -> str:
@@ -222,12 +236,14 @@ def acc_train_row(strategy: str, plan_label: str, *sets: str, rehearsal_sets: tu
         extra = [a for s in chosen for a in ("--set", s)]
         out = check.work / f"run-{strategy}-{len(list(check.work.iterdir()))}"
         check.plan_rows([*plan_args(job), *extra], start_only=True)
-        proc = check.run([sys.executable, "-m", "acc_train_cli", "--strategy", strategy, "--output-dir", str(out), *job.acc_train_args(), *extra], timeout)
-        plans = check.plan_rows([*plan_args(job), *extra])
-        if proc.returncode != 0:
-            raise RowFailed(f"acc-train --strategy {strategy} exited {proc.returncode}: {_last_line(proc.stdout)}")
-        summary = json.loads((out / "run.json").read_text())
-        shutil.rmtree(out, ignore_errors=True)  # final/ of the 1B model is 4.4 GB; the device's disk is 64 GB
+        try:
+            proc = check.run([sys.executable, "-m", "acc_train_cli", "--strategy", strategy, "--output-dir", str(out), *job.acc_train_args(), *extra], timeout)
+            plans = check.plan_rows([*plan_args(job), *extra])
+            if proc.returncode != 0:
+                raise RowFailed(f"acc-train --strategy {strategy} exited {proc.returncode}: {_last_line(proc.stdout)}")
+            summary = json.loads((out / "run.json").read_text())
+        finally:
+            shutil.rmtree(out, ignore_errors=True)  # final/ of the 1B model is 4.4 GB; the device's disk is 64 GB
         result: dict[str, Any] = {
             "tokens_per_s": summary.get("tokens_per_s"),
             "mfu": summary.get("mfu"),
