@@ -11,6 +11,7 @@ image, reading each wheel's own METADATA.
 from __future__ import annotations
 
 import email
+import json
 import re
 import tomllib
 import zipfile
@@ -211,27 +212,32 @@ def environment_dist(name: str, version: str) -> Dist | None:
     return Dist(str(canonicalize_name(name)), Version(version), tuple(Requirement(r) for r in dist.requires or []))
 
 
-CARRIED = HERE / "carried.txt"
+CARRIED = HERE / "carried.json"
 
 
-def write_carried(carry: list[Carry], path: Path = CARRIED) -> None:
-    lines = [
-        "# The third-party wheels bench/device/prepare_wheels.py carries to the device (written by it; do not edit).",
-        "# NAME==VERSION  # why. acc-train's own five wheels travel too. tests/device/test_wheels.py checks this set.",
-    ]
-    lines += [f"{c.name}=={c.version}  # {c.why}" for c in carry]
-    path.write_text("\n".join(lines) + "\n")
+def write_carried(carry: list[Carry], wheels: list[Path], path: Path = CARRIED) -> None:
+    """The carry list with each wheel's requirements that apply on the device (from its METADATA;
+    extras and other platforms' left out), so the tests check the set without the wheels (they
+    are git-ignored) and whatever versions the test environment resolves."""
+    why = {str(canonicalize_name(c.name)): c.why for c in carry}
+    rows = []
+    for wheel in wheels:
+        dist = wheel_dist(wheel)
+        if dist.name in why:
+            rows.append({"name": dist.name, "version": str(dist.version), "why": why[dist.name], "wheel": wheel.name, "requires": [str(r) for r in dist.requires if applies(r)]})
+    missing = set(why) - {r["name"] for r in rows}
+    if missing:
+        raise SystemExit(f"planned but no wheel prepared: {sorted(missing)}")
+    doc = {
+        "about": "written by bench/device/prepare_wheels.py: the third-party wheels carried to the device (acc-train's five travel too); tests/device/test_wheels.py checks this set",
+        "carried": sorted(rows, key=lambda r: r["name"]),
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def read_carried(path: Path = CARRIED) -> dict[str, str]:
-    """The committed carry list: canonical name -> version."""
-    out = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, _, version = line.partition("==")
-            out[str(canonicalize_name(name))] = version
-    return out
+def read_carried(path: Path = CARRIED) -> list[Dist]:
+    """The committed carry list as distributions (name, version, requirements)."""
+    return [Dist(r["name"], Version(r["version"]), tuple(Requirement(q) for q in r["requires"])) for r in json.loads(path.read_text())["carried"]]
 
 
 def unmet_requirements(dists: list[Dist], image: dict[str, Version | None] | None = None) -> list[str]:

@@ -1,5 +1,5 @@
 """The device kit's wheel set: everything acc-train needs on the H200's Python 3.12 is either
-carried (``bench/device/carried.txt``, prepared by ``bench/device/prepare_wheels.py``) or in the
+carried (``bench/device/carried.json``, prepared by ``bench/device/prepare_wheels.py``) or in the
 image (``bench/device/image_packages.txt``, from the device tool's KINDS.md), and the wheels
 install with ``pip install --no-index --no-deps --target`` into a folder from which acc-train and
 its three strategies import and register."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from importlib import metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -42,41 +43,41 @@ def test_the_image_list_is_kinds_md_s() -> None:
 
 
 def test_carried_set_and_image_meet_every_requirement_on_python_312() -> None:
-    """Each carried package's requirements are read from its METADATA (the prepared wheel's, or
-    this environment's copy of the same version), acc-train's from its pyproject.toml."""
+    """acc-train's requirements from its pyproject.toml, each carried package's from its wheel's
+    METADATA (recorded in carried.json), markers evaluated for CPython 3.12 on x86-64 Linux."""
     carried = wheelset.read_carried()
-    assert {"deepspeed", "datasets", "pydantic", "pydantic-core", "accelerate", "transformers"} <= set(carried)
-    on_disk = {wheelset.wheel_dist(p).name: wheelset.wheel_dist(p) for p in WHEELS.glob("*.whl") if not p.name.startswith("acc_train")}
-    dists, unread = wheelset.own_dists(), []
-    for name, version in carried.items():
-        dist = on_disk.get(name) if name in on_disk and str(on_disk[name].version) == version else wheelset.environment_dist(name, version)
-        if dist is None:
-            unread.append(f"{name}=={version}")
-        else:
-            dists.append(dist)
-    assert not unread, f"neither prepared nor installed here at the carried version: {unread}; rerun bench/device/prepare_wheels.py"
-    assert wheelset.unmet_requirements(dists) == []
+    names = {d.name for d in carried}
+    assert {"deepspeed", "datasets", "pydantic", "pydantic-core", "accelerate", "transformers", "huggingface-hub", "kernels"} <= names
+    assert wheelset.unmet_requirements([*wheelset.own_dists(), *carried]) == []
 
 
 def test_an_unmet_requirement_is_found() -> None:
-    """The check can fail: without the carried pydantic, acc-train's requirement is unmet."""
-    dists = [d for d in wheelset.own_dists()]
-    problems = wheelset.unmet_requirements(dists)
+    """The check can fail: without the carried set, acc-train's requirements are unmet, and a
+    carried package too old for its dependant is named."""
+    problems = wheelset.unmet_requirements(wheelset.own_dists())
     assert any("needs pydantic>=2.7; neither carried nor in the image" in p for p in problems)
     assert any("needs deepspeed>=0.16" in p for p in problems)
+    carried = [d for d in wheelset.read_carried() if d.name != "huggingface-hub"]
+    old_hub = wheelset.Dist("huggingface-hub", wheelset.Version("1.0.0"), ())
+    problems = wheelset.unmet_requirements([*wheelset.own_dists(), *carried, old_hub])
+    assert any(p.startswith("transformers ") and "huggingface-hub" in p and "the carried one is 1.0.0" in p for p in problems), problems
 
 
-def test_the_carry_list_is_what_this_environment_resolves() -> None:
-    """carried.txt was written from this environment's versions: the device runs what CI tests."""
-    carry, _ = wheelset.plan_carry()
-    planned = {str(wheelset.canonicalize_name(c.name)): c.version for c in carry}
-    assert planned == wheelset.read_carried(), "the test environment changed: rerun bench/device/prepare_wheels.py and commit carried.txt"
+def test_accelerate_and_transformers_are_the_test_environments() -> None:
+    """The device runs the Accelerate and transformers CI tests: carried at the versions this
+    environment has, which hatch.toml pins."""
+    carried = {d.name: str(d.version) for d in wheelset.read_carried()}
+    hatch = (ROOT / "hatch.toml").read_text()
+    for name in wheelset.PINNED:
+        assert carried[name] == metadata.version(name), f"rerun bench/device/prepare_wheels.py: {name} is {metadata.version(name)} here"
+        assert f'"{name}=={carried[name]}"' in hatch, f"hatch.toml does not pin {name}=={carried[name]}"
 
 
 def test_the_prepared_wheels_are_the_carried_set_and_fit() -> None:
     wheels = prepared_wheels()
-    got = {wheelset.wheel_dist(p).name: str(wheelset.wheel_dist(p).version) for p in wheels}
-    assert got == wheelset.read_carried()
+    got = {(d.name, d.version, frozenset(map(str, d.requires))) for d in (wheelset.wheel_dist(p) for p in wheels)}
+    want = {(d.name, d.version, frozenset(map(str, d.requires))) for d in wheelset.read_carried()}
+    assert {(n, v) for n, v, _ in got} == {(n, v) for n, v, _ in want}, "rerun bench/device/prepare_wheels.py"
     own = sorted(WHEELS.glob("acc_train*.whl"))
     assert len(own) == 5, own
     assert wheelset.unmet_requirements([wheelset.wheel_dist(p) for p in [*wheels, *own]]) == []
