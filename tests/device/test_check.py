@@ -56,9 +56,8 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"proc": proc, "out": out, "results": results, "rows": {r["name"]: r for r in results["rows"]}, "seconds": time.monotonic() - t0}
 
 
-pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("device-check")]
-
-
+@pytest.mark.launch
+@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
 def test_the_rehearsal_writes_every_row_and_its_files(rehearsal: dict) -> None:
     assert [r["name"] for r in rehearsal["results"]["rows"]] == CORE_ROWS
     assert rehearsal["results"]["rehearse"] is True
@@ -69,6 +68,8 @@ def test_the_rehearsal_writes_every_row_and_its_files(rehearsal: dict) -> None:
     assert "ddp against the hand-written loop" in md
 
 
+@pytest.mark.launch
+@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
 def test_every_row_trains_and_reports_throughput_memory_and_loss(rehearsal: dict) -> None:
     rows = rehearsal["rows"]
     for name in ("ddp", "fsdp", "zero3"):
@@ -83,6 +84,8 @@ def test_every_row_trains_and_reports_throughput_memory_and_loss(rehearsal: dict
     assert distributed == {"ddp": "DistributedType.MULTI_CPU", "fsdp": "DistributedType.FSDP", "zero3": "DistributedType.DEEPSPEED"}
 
 
+@pytest.mark.launch
+@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
 def test_the_rows_train_the_same_job(rehearsal: dict) -> None:
     """Same model, seed, batches and schedule: acc-train under each strategy and the hand-written
     loop end at the same loss (fp32, one process)."""
@@ -91,6 +94,8 @@ def test_the_rows_train_the_same_job(rehearsal: dict) -> None:
     assert max(losses.values()) - min(losses.values()) < 1e-3, losses
 
 
+@pytest.mark.launch
+@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
 def test_mfu_is_reported_or_its_absence_is_the_rows_error(rehearsal: dict) -> None:
     """With acc_train.mfu (issue 26's item 1) every row has an MFU in (0, 1); without it the
     hand-written row says so in its error (and keeps its other figures), and the check fails."""
@@ -106,6 +111,8 @@ def test_mfu_is_reported_or_its_absence_is_the_rows_error(rehearsal: dict) -> No
         assert proc.returncode == 1, proc.stdout[-3000:]
 
 
+@pytest.mark.launch
+@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
 def test_the_rehearsal_is_quick(rehearsal: dict) -> None:
     assert rehearsal["seconds"] < 300
 
