@@ -34,7 +34,6 @@ __all__ = [
     "plan_carry",
     "CARRIED",
     "Dist",
-    "environment_dist",
     "own_dists",
     "read_carried",
     "unmet_requirements",
@@ -198,18 +197,6 @@ def own_dists(root: Path = ROOT) -> list[Dist]:
         project = tomllib.loads((root / "packages" / folder / "pyproject.toml").read_text())["project"]
         out.append(Dist(str(canonicalize_name(project["name"])), Version(project["version"]), tuple(Requirement(r) for r in project.get("dependencies", []))))
     return out
-
-
-def environment_dist(name: str, version: str) -> Dist | None:
-    """``name`` at ``version`` from this environment's installed metadata (the same METADATA its
-    wheel carries), or None when this environment has another version or none."""
-    try:
-        dist = metadata.distribution(name)
-    except metadata.PackageNotFoundError:
-        return None
-    if Version(dist.version) != Version(version):
-        return None
-    return Dist(str(canonicalize_name(name)), Version(version), tuple(Requirement(r) for r in dist.requires or []))
 
 
 CARRIED = HERE / "carried.json"
