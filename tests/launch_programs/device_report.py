@@ -19,10 +19,12 @@ loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs_all, 
 accelerator = Accelerator()
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 losses, batch_device = [], None
+# DeepSpeed's bf16 holds the model in bf16 and casts no inputs (autocast does, under DDP and FSDP)
+dtype = next(model.parameters()).dtype
 for inputs, targets in loader:
     batch_device = inputs.device.type
     optimizer.zero_grad()
-    loss = torch.nn.functional.mse_loss(model(inputs).float(), targets.float())
+    loss = torch.nn.functional.mse_loss(model(inputs.to(dtype)).float(), targets.float())
     accelerator.backward(loss)
     optimizer.step()
     losses.append(accelerator.reduce(loss.detach(), "mean").item())
