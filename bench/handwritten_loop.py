@@ -18,8 +18,16 @@ loss); the first 3 steps are left out. Peak memory: the process's own peak RSS (
 acc-train's run.json reports it; ``ru_maxrss`` where /proc is missing) on CPU, or
 ``max_memory_allocated`` (GPU) right after the last step.
 
+On CUDA (``--device cuda``, the default where a GPU is visible) each rank takes its local GPU
+and NCCL, and the loop is what a hand-written GPU loop is: the fp32 model on the GPU, bf16
+autocast around the forward (``--mixed-precision bf16``: as Accelerate's bf16, the master weights
+and the optimizer stay fp32) and fused AdamW (``fused=True``, acc-train's choice on CUDA). Elsewhere
+it runs on CPU with gloo and torch's default AdamW, as before. ``--model-config JSON`` overrides keys of
+the demo model's config and ``--max-bytes`` the demo corpus's size (acc-train's
+``model.config`` and ``data.demo_max_bytes``): the device check trains acc-train's ~1B job here.
+
 Launch with ``torchrun --standalone --nproc-per-node N``; writes a JSON summary (median step
-time, peak memory per rank, losses) to ``--out``.
+time, whole-run tokens per second, peak memory per rank, losses) to ``--out``.
 
 Usage: torchrun --standalone --nproc-per-node 2 bench/handwritten_loop.py --strategy fsdp --steps 60 --out hw.json
 """
@@ -69,15 +77,15 @@ def ds_config(micro_batch_size: int, max_grad_norm: float) -> dict:
     }
 
 
-def demo_blocks(seq_len: int) -> torch.Tensor:
+def demo_blocks(seq_len: int, max_bytes: int = DEMO_MAX_BYTES) -> torch.Tensor:
     """acc-train's demo corpus: the standard library's ``*.py`` in name order, as bytes."""
     chunks, total = [], 0
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
         chunks.append(path.read_bytes())
         total += len(chunks[-1])
-        if total >= DEMO_MAX_BYTES:
+        if total >= max_bytes:
             break
-    raw = b"\n".join(chunks)[:DEMO_MAX_BYTES]
+    raw = b"\n".join(chunks)[:max_bytes]
     n = len(raw) // seq_len
     return torch.tensor(list(raw[: n * seq_len]), dtype=torch.long).view(n, seq_len)
 
@@ -92,12 +100,14 @@ def rank_batches(blocks: torch.Tensor, epoch: int, seed: int, mbs: int, rank: in
         yield blocks[order[i * mbs : (i + 1) * mbs]]
 
 
-def optimizer_for(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+def optimizer_for(model: torch.nn.Module, lr: float, fused: bool = False) -> torch.optim.Optimizer:
+    """AdamW with acc-train's groups; ``fused`` (CUDA) as acc-train builds it there, else torch's default."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
     groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    impl = {"fused": True} if fused else {}
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, **impl)
 
 
 def main() -> None:
@@ -108,17 +118,32 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
+    parser.add_argument("--model-config", default="{}", help="JSON: keys of the demo model's config to override")
+    parser.add_argument("--max-bytes", type=int, default=DEMO_MAX_BYTES, help="size of the demo corpus")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--mixed-precision", choices=["no", "bf16"], default="no", help="bf16: autocast around the forward")
+    parser.add_argument(
+        "--optimizer", choices=["torch", "ds-fused-adam"], default="torch",
+        help="ds-fused-adam: DeepSpeed's FusedAdam (its CUDA op, built on first use), with --strategy zero3",
+    )  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.optimizer == "ds-fused-adam" and args.strategy != "zero3":
+        parser.error("--optimizer ds-fused-adam goes with --strategy zero3")
 
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
-    blocks = demo_blocks(args.seq_len)
-    model = LlamaForCausalLM(LlamaConfig(**DEMO_MODEL_CONFIG))
+    blocks = demo_blocks(args.seq_len, args.max_bytes)
+    model = LlamaForCausalLM(LlamaConfig(**{**DEMO_MODEL_CONFIG, **json.loads(args.model_config)})).to(device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.mixed_precision == "bf16")
     engine = None
     if args.strategy == "ddp":
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     elif args.strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -133,25 +158,34 @@ def main() -> None:
             fully_shard(embed, reshard_after_forward=True)
         fully_shard([model.model.norm, embed, head] if tied else [model.model.norm, head], reshard_after_forward=False)
         fully_shard(model)
-    optimizer = optimizer_for(model, lr=1e-3)
+    optimizer = optimizer_for(model, lr=1e-3, fused=cuda and args.strategy != "zero3")
     if args.strategy == "zero3":
         import deepspeed
 
-        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(args.micro_batch_size, args.max_grad_norm))
+        if args.optimizer == "ds-fused-adam":
+            from deepspeed.ops.adam import FusedAdam
+
+            optimizer = FusedAdam(optimizer.param_groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, adam_w_mode=True)
+
+        config = ds_config(args.micro_batch_size, args.max_grad_norm)
+        config["bf16"]["enabled"] = args.mixed_precision == "bf16"
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         model = engine
     scheduler = get_scheduler("cosine", optimizer=optimizer, num_warmup_steps=math.ceil(0.1 * args.steps), num_training_steps=args.steps)
 
     model.train()
     losses, step_times = [], []
     step = epoch = 0
-    t_prev = time.perf_counter()
+    t_prev = t_start = time.perf_counter()
     while step < args.steps:
         for batch in rank_batches(blocks, epoch, args.seed, args.micro_batch_size, rank, world):
             # the loss as acc-train (and transformers' Trainer) defines it: the mean over every token
             # the step counts, on all ranks (sum of token losses over the all-reduced count)
-            counted = torch.tensor(batch[:, 1:].numel())
+            batch = batch.to(device, non_blocking=True)
+            counted = torch.tensor(batch[:, 1:].numel(), device=device)
             dist.all_reduce(counted)
-            logits = model(input_ids=batch, use_cache=False).logits
+            with autocast:
+                logits = model(input_ids=batch, use_cache=False).logits
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1), reduction="sum") / counted
             if engine is not None:  # DeepSpeed clips (gradient_clipping) and zeroes the gradients itself
                 engine.backward(loss * world)  # ranks' gradients are averaged
@@ -164,7 +198,7 @@ def main() -> None:
             scheduler.step()
             mean = loss.detach().float()
             dist.all_reduce(mean)
-            losses.append(mean.item())
+            losses.append(mean.item())  # a host sync every step, as acc-train's loss log
             step += 1
             now = time.perf_counter()
             if step > WARMUP_STEPS:
@@ -173,18 +207,23 @@ def main() -> None:
             if step >= args.steps:
                 break
         epoch += 1
+    elapsed = time.perf_counter() - t_start
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if os.path.exists("/proc/self/status"):  # the process image's own peak, as acc-train's run.json
         with open("/proc/self/status") as f:
             peak = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")), peak)
-    if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU") != "1":
+    if cuda:
         peak = int(torch.cuda.max_memory_allocated())
     per_rank: list = [None] * world
     dist.all_gather_object(per_rank, {"rank": rank, "peak_memory_bytes": peak})
     if rank == 0:
         Path(args.out).write_text(
-            json.dumps({"strategy": args.strategy, "step_time_s": statistics.median(step_times), "per_rank": per_rank, "losses": losses, "world_size": world})
+            json.dumps({
+                "strategy": args.strategy, "step_time_s": statistics.median(step_times), "per_rank": per_rank, "losses": losses, "world_size": world,
+                "device": device.type, "mixed_precision": args.mixed_precision,
+                "tokens_per_s": args.steps * args.micro_batch_size * args.seq_len * world / elapsed, "elapsed_s": elapsed,
+            })  # fmt: skip
         )
     dist.barrier()
     dist.destroy_process_group()

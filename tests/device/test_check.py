@@ -1,0 +1,174 @@
+"""The device check (``bench/device/check.py``) rehearsed on CPU: the rows a lent H200 session
+runs, here with the tiny model, so the script is tested before the minutes that count."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+CHECK = ROOT / "bench" / "device" / "check.py"
+CORE_ROWS = ["ddp", "fsdp", "zero3", "handwritten"]
+
+
+def load_check():
+    spec = importlib.util.spec_from_file_location("device_check", CHECK)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def has_mfu_module() -> bool:
+    return importlib.util.find_spec("acc_train.mfu") is not None
+
+
+def torch_extensions_dir() -> str:
+    """torch's own folder for extension builds, as it picks it with the user's cache: DeepSpeed's
+    CPU ops (shm comm) are compiled there once per machine, where the suite's XDG_CACHE_HOME
+    (conftest) would have every test session compile them again (over a minute)."""
+    import torch
+
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    cuda = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
+    return str(Path.home() / ".cache" / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{cuda}")
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One rehearsal of the four rows every lent session must bring back."""
+    out = tmp_path_factory.mktemp("device-check")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": torch_extensions_dir()}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(CHECK), "--rehearse", "--out", str(out), "--rows", ",".join(CORE_ROWS)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    return {"proc": proc, "out": out, "results": results, "rows": {r["name"]: r for r in results["rows"]}, "seconds": time.monotonic() - t0}
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
+def test_the_rehearsal_writes_every_row_and_its_files(rehearsal: dict) -> None:
+    assert [r["name"] for r in rehearsal["results"]["rows"]] == CORE_ROWS
+    assert rehearsal["results"]["rehearse"] is True
+    for name in ("results.json", "results.md", "check.log"):
+        assert (rehearsal["out"] / name).is_file(), name
+    md = (rehearsal["out"] / "results.md").read_text()
+    assert all(f"\n{name} | " in md for name in CORE_ROWS)
+    assert "ddp against the hand-written loop" in md
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
+def test_every_row_trains_and_reports_throughput_memory_and_loss(rehearsal: dict) -> None:
+    rows = rehearsal["rows"]
+    for name in ("ddp", "fsdp", "zero3"):
+        assert rows[name]["error"] is None, (name, rows[name]["error"], rehearsal["proc"].stdout[-3000:])
+        assert rows[name]["device"] == "cpu"
+        assert rows[name]["plan_bytes"] > 0  # acc-train plan's estimate for the same job, beside the run
+    for name in CORE_ROWS:
+        row = rows[name]
+        assert row["tokens_per_s"] > 0 and row["peak_memory_bytes"] > 0 and row["seconds"] > 0, name
+        assert row["step_time_s"] > 0, name
+    distributed = {name: rows[name]["distributed_type"] for name in ("ddp", "fsdp", "zero3")}
+    assert distributed == {"ddp": "DistributedType.MULTI_CPU", "fsdp": "DistributedType.FSDP", "zero3": "DistributedType.DEEPSPEED"}
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
+def test_the_rows_train_the_same_job(rehearsal: dict) -> None:
+    """Same model, seed, batches and schedule: acc-train under each strategy and the hand-written
+    loop end at the same loss (fp32, one process)."""
+    losses = {name: rehearsal["rows"][name]["loss"] for name in CORE_ROWS}
+    assert all(isinstance(v, float) for v in losses.values()), losses
+    assert max(losses.values()) - min(losses.values()) < 1e-3, losses
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
+def test_mfu_is_reported_or_its_absence_is_the_rows_error(rehearsal: dict) -> None:
+    """With acc_train.mfu (issue 26's item 1) every row has an MFU in (0, 1); without it the
+    hand-written row says so in its error (and keeps its other figures), and the check fails."""
+    rows, proc = rehearsal["rows"], rehearsal["proc"]
+    if has_mfu_module():
+        for name in CORE_ROWS:
+            assert 0 < rows[name]["mfu"] < 1, (name, rows[name])
+            assert rows[name]["error"] is None, (name, rows[name]["error"])
+        assert proc.returncode == 0, proc.stdout[-3000:]
+    else:
+        assert "acc_train.mfu" in rows["handwritten"]["error"]
+        assert rows["handwritten"]["mfu"] is None
+        assert proc.returncode == 1, proc.stdout[-3000:]
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
+def test_the_rehearsal_is_quick(rehearsal: dict) -> None:
+    assert rehearsal["seconds"] < 300
+
+
+# --- the runner itself, no launches -------------------------------------------------------------------
+
+
+def test_a_failing_or_overrunning_row_loses_nothing_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check = load_check()
+
+    def fails(c, timeout):
+        raise check.RowFailed("boom")
+
+    def hangs(c, timeout):
+        c.run([sys.executable, "-c", "import time; time.sleep(60)"], 1)
+
+    def buggy(c, timeout):
+        return {}["missing"]
+
+    def works(c, timeout):
+        return {"tokens_per_s": 123.0, "loss": 1.5}
+
+    rows = tuple(check.Row(n, 5, fn, n) for n, fn in (("fails", fails), ("hangs", hangs), ("buggy", buggy), ("works", works)))
+    monkeypatch.setattr(check, "ROWS", rows)
+    monkeypatch.setattr(check, "environment_report", lambda env: {"python": "test"})
+    t0 = time.monotonic()
+    assert check.main(["--rehearse", "--out", str(tmp_path), "--budget", "60"]) == 1
+    assert time.monotonic() - t0 < 30
+    got = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
+    assert got["fails"]["error"] == "boom"
+    assert got["hangs"]["error"].startswith("timed out after")
+    assert got["buggy"]["error"].startswith("KeyError in the check")
+    assert got["works"]["error"] is None and got["works"]["tokens_per_s"] == 123.0
+    assert set(got["works"]) >= set(check.FIELDS)
+    assert "===== row hangs" in (tmp_path / "check.log").read_text()
+
+
+def test_rows_past_the_budget_are_recorded_not_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check = load_check()
+    ran = []
+    rows = tuple(check.Row(n, 5, lambda c, t, n=n: ran.append(n) or {}, n) for n in ("first", "second"))
+    monkeypatch.setattr(check, "ROWS", rows)
+    monkeypatch.setattr(check, "environment_report", lambda env: {})
+    check.main(["--rehearse", "--out", str(tmp_path), "--budget", "5", "--rows", "second"])
+    got = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert ran == [] and [r["name"] for r in got] == ["second"]
+    assert "budget" in got[0]["error"] and "--rows second" in got[0]["error"]
+
+
+def test_an_unknown_row_is_refused_naming_the_rows(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(CHECK), "--rehearse", "--out", str(tmp_path), "--rows", "ddp,nope"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "unknown rows nope" in proc.stderr and "zero3-fused-adam" in proc.stderr
+
+
+def test_the_rows_are_the_issues_in_priority_order() -> None:
+    names = [r.name for r in load_check().ROWS]
+    assert names[:5] == ["gpu-tests", "ddp", "fsdp", "zero3", "handwritten"]
+    assert set(names) == {"gpu-tests", *CORE_ROWS, "gc", "lora", "compile", "zero3-fused-adam", "trainer-fsdp", "trainer-zero3"}
