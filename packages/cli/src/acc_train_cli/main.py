@@ -106,7 +106,7 @@ def _launch_and_report(job: Any) -> None:
         received = _run_workers(
             cfg.launch,
             worker_command("acc_train.worker", config_path),
-            {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision, "ACC_TRAIN_LAUNCH_TIME": repr(started)},
+            {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision, "ACC_TRAIN_LAUNCH_TIME": repr(started), **_peak_env(cfg)},
         )
         stopped = read_stop_marker(config_path)
     if received is not None or stopped is not None:
@@ -126,6 +126,18 @@ def _launch_and_report(job: Any) -> None:
             from acc_train.report import format_summary, read_run
 
             click.echo(format_summary(read_run(cfg.output_dir)))
+
+
+def _peak_env(cfg: Any) -> dict[str, str]:
+    """This machine's peak FLOP/s in the run's compute precision, found once here before the
+    workers start (a CPU's is measured by a short probe the first time, then cached) and handed
+    to them, so no worker probes while the others train."""
+    from acc_train.machine import current_machine, resolve_mixed_precision
+    from acc_train.mfu import compute_precision, peak_for_workers
+
+    machine = current_machine()
+    precision = compute_precision(resolve_mixed_precision(cfg.training.mixed_precision, machine), cfg.model.dtype)
+    return peak_for_workers(machine.device_type, precision)
 
 
 def _say_elastic(cfg: Any) -> None:
