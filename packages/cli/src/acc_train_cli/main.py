@@ -129,13 +129,17 @@ def _launch_and_report(job: Any) -> None:
 
 
 def _peak_env(cfg: Any) -> dict[str, str]:
-    """This machine's peak FLOP/s in the run's compute precision, found once here before the
-    workers start (a CPU's is measured by a short probe the first time, then cached) and handed
-    to them, so no worker probes while the others train."""
+    """This machine's CPU peak FLOP/s in the run's compute precision, measured here once before
+    the workers start (a short probe the first time, then cached) and handed to them, so no rank
+    probes the cores the others train on. GPU workers look their own GPU up (the peak table, or
+    a probe of that GPU alone): asking CUDA for a name here would hold a CUDA context in this
+    process for the whole run."""
     from acc_train.machine import current_machine, resolve_mixed_precision
     from acc_train.mfu import compute_precision, peak_for_workers
 
     machine = current_machine()
+    if machine.device_type != "cpu":
+        return {}
     precision = compute_precision(resolve_mixed_precision(cfg.training.mixed_precision, machine), cfg.model.dtype)
     return peak_for_workers(machine.device_type, precision)
 

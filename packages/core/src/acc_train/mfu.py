@@ -12,9 +12,9 @@ gradient: 4 instead of 6.
 
 Peaks are dense (no 2:4 sparsity) vendor figures for the common accelerators; anything else (a
 CPU included) is measured once per machine by a short matrix-product probe and cached in a file
-(:func:`probe_peak_flops`). The launching command measures it before the workers start and
-hands it to them in ``ACC_TRAIN_PEAK_FLOPS`` (:func:`peak_for_workers`). torch is imported only
-when a device is asked about.
+(:func:`probe_peak_flops`). For a CPU the launching command measures it before the workers
+start and hands it to them in ``ACC_TRAIN_PEAK_FLOPS`` (:func:`peak_for_workers`); a GPU's
+worker looks up (or probes) its own GPU. torch is imported only when a device is asked about.
 """
 
 from __future__ import annotations
