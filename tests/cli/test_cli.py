@@ -19,7 +19,7 @@ def assert_user_error(proc: subprocess.CompletedProcess[str], *fragments: str) -
         assert fragment in proc.stderr, (fragment, proc.stderr)
 
 
-@pytest.mark.parametrize("args", [["--help"], ["strategies"], ["plugins"], ["--print-config"]])
+@pytest.mark.parametrize("args", [["--help"], ["plan", "--help"], ["strategies"], ["plugins"], ["--print-config"]])
 def test_listing_and_help_import_neither_torch_nor_accelerate(args: list[str]) -> None:
     code = (
         "import sys\n"

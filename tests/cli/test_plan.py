@@ -107,6 +107,52 @@ def test_a_7b_model_is_planned_without_allocating_it(tmp_path: Path) -> None:
     assert data["by_label"]["zero3"]["model_state"] == pytest.approx(16 * 6_738_415_616 / 8, rel=1e-6)
     also = plan_json("--model", str(tmp_path / "config.json"), "--num-processes", "8")  # the config file itself
     assert also["parameters"] == 6_738_415_616
+    # sdpa (transformers' default) stores no attention scores: 32 layers x 2048 x 4096 x 34 bytes
+    # plus the fp32 logits, about 9 GiB a micro-batch; eager stores the softmax (2as/h) as well
+    one = ("--model", str(tmp_path), "--num-processes", "8", "--mixed-precision", "bf16", "--set", "data.seq_len=2048", "--micro-batch-size", "1")
+    sdpa = plan_json(*one)
+    assert sdpa["attn_implementation"] == "sdpa" and sdpa["attention_score_factor"] == 0
+    logits = 2 * 2048 * 32000 * 4
+    assert sdpa["by_label"]["ddp"]["activations"] == 32 * 2048 * 4096 * 34 + logits
+    assert sdpa["by_label"]["ddp"]["activations"] / 2**30 == pytest.approx(9.0, abs=0.1)
+    eager = plan_json(*one, "--set", "model.attn_implementation=eager")
+    assert eager["attention_score_factor"] == 2
+    assert eager["by_label"]["ddp"]["activations"] == 32 * 2048 * 4096 * (34 + 2 * 32 * 2048 / 4096) + logits
+
+
+def test_expected_tokens_per_s_at_a_given_mfu(tmp_path: Path) -> None:
+    from acc_train.mfu import model_flops_per_token
+
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ("--model", str(tmp_path), "--num-processes", "8", "--mixed-precision", "bf16", "--set", "data.seq_len=2048", "--mfu", "0.4", "--device", "H100")
+    t = plan_json(*args)["throughput"]
+    per_token = model_flops_per_token(config, 2048)
+    assert t["flops_per_token"] == per_token and per_token == 6 * (6_738_415_616 - 32000 * 4096) + 12 * 32 * 4096 * 2048
+    assert t["devices"] == 8 and t["peak_flops_per_device"] == 989.5e12 and "H100 SXM datasheet" in t["peak_source"]
+    assert t["tokens_per_s"] == pytest.approx(0.4 * 8 * 989.5e12 / per_token)  # about 9,200 tokens/s per H100
+    text = run_cli("plan", *args).stdout
+    assert "throughput at MFU 40%: 73,869 tokens/s over all ranks" in text, text[-600:]
+    assert plan_json("--num-processes", "2")["throughput"] is None  # only when asked
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--mfu", "2"), "'--mfu': 2.0 is not in the range 0<x<=1"),
+        (("--mfu", "0"), "'--mfu': 0.0 is not in the range 0<x<=1"),
+        (("--mfu", "0.4", "--device", "GTX 1080"), "no peak is known for a device named 'GTX 1080'"),
+        (("--device", "H100"), "--device only says what --mfu is measured against"),
+    ],
+)
+def test_bad_mfu_input_is_exit_2(args: tuple[str, ...], message: str) -> None:
+    proc = run_cli("plan", *args)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_model_path_without_a_config_is_exit_2(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ def fake_run(out: Path, finished: bool = True) -> Path:
     out.mkdir(parents=True)
     lines = []
     for step in range(1, 31):
-        lines.append({"step": step, "epoch": 0, "loss": 5.0 - step * 0.1, "lr": 1e-3 * min(1, step / 5), "grad_norm": 1.0, "tokens": step * 512, "tokens_per_s": 900.0 + step, "elapsed_s": step * 0.5})
+        lines.append({"step": step, "epoch": 0, "loss": 5.0 - step * 0.1, "lr": 1e-3 * min(1, step / 5), "grad_norm": 1.0, "tokens": step * 512, "tokens_per_s": 900.0 + step, "mfu": 0.1 + step * 0.001, "elapsed_s": step * 0.5})
         if step % 10 == 0:
             lines.append({"step": step, "eval_loss": 4.5 - step * 0.05})
     (out / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 31, "lo')  # a line cut short
@@ -34,7 +34,8 @@ def fake_run(out: Path, finished: bool = True) -> Path:
     (out / "checkpoints" / "latest").write_text("step-000030\n")
     if finished:
         summary = {"strategy": "zero3", "distributed_type": "DistributedType.DEEPSPEED", "world_size": 2, "steps": 30, "start_step": 0,
-                   "final_loss": 2.0, "best_loss": 2.0, "final_eval_loss": 3.0, "tokens_per_s": 930.5, "elapsed_s": 15.0}  # fmt: skip
+                   "final_loss": 2.0, "best_loss": 2.0, "final_eval_loss": 3.0, "tokens_per_s": 930.5, "elapsed_s": 15.0,
+                   "mfu": 0.125, "mfu_basis": {"flops_per_token": 9150336.0, "peak_flops": 3.185e11, "precision": "fp32"}}  # fmt: skip
         (out / "run.json").write_text(json.dumps(summary))
     return out
 
@@ -46,6 +47,7 @@ def test_report_prints_the_summary_and_draws_the_png(tmp_path: Path) -> None:
     rows = summary_of(proc.stdout)
     assert rows["strategy"] == "zero3 (DEEPSPEED)" and rows["world size"] == "2" and rows["steps"] == "30"
     assert rows["tokens/s"] == "930" and rows["final loss"] == "2.0000"
+    assert rows["MFU"] == "12.5% of 318 GFLOP/s fp32 peak (9.15 MFLOPs/token)"
     assert rows["best loss"] == "2.0000 (step 30)" and rows["eval loss"] == "3.0000 (step 30)"
     assert rows["checkpoints"] == "step-000020 (step 20), step-000030 (step 30, latest)"  # complete ones only
     png = out / "report.png"
@@ -61,6 +63,7 @@ def test_an_unfinished_run_is_reported_from_its_metrics(tmp_path: Path) -> None:
     rows = summary_of(proc.stdout)
     assert "unfinished" in rows["run"] and rows["strategy"] == "zero3" and rows["steps"] == "30"
     assert rows["tokens/s"] == "930" and rows["world size"] == "-"  # the last logged mean; the size is in run.json only
+    assert rows["MFU"] == "13.0%"  # the last logged row's; its basis is in run.json only
     assert not (out / "report.png").exists()
 
 

@@ -159,3 +159,47 @@ def test_a_worker_imports_no_library_its_job_does_not_use(tmp_path: Path) -> Non
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("imported before run.json: []") == 2, proc.stdout[-2000:]
+
+
+def test_padded_rows_train_real_tokens_and_every_row_has_mfu(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Rows padded per batch (``data.packing: false``): ``tokens`` and ``tokens_per_s`` count the
+    examples' tokens, not the padded positions, and every logged row and run.json carry an MFU
+    against this machine's probed peak."""
+    import random
+
+    from tests.conftest import WORDS
+
+    rng = random.Random(1)
+    data = tmp_path / "train.jsonl"
+    lengths = [2, 12, 3, 9, 1, 14, 4, 6]  # one epoch: 2 steps of 4 rows, each padded to its batch's longest
+    data.write_text("".join(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(n))}) + "\n" for n in lengths))
+    job = load_job(
+        flags={"output_dir": (str(tmp_path / "run"), "--output-dir"), "training.max_steps": (2, "--max-steps")},
+        sets=[
+            f"model.name_or_path={tiny_model_dir}",
+            f"data.train_files=[{data}]",
+            "data.packing=false",
+            "data.seq_len=16",
+            "data.shuffle=false",
+            "training.micro_batch_size=4",
+            "training.mixed_precision=no",
+            "training.progress_bar=false",
+            "checkpoint.every=0",
+        ],
+    )
+    out = check_output_dir(job)
+    summary = train(job)
+    real = sum(n + 1 for n in lengths)  # each example's words and its EOS
+    assert summary["data"]["tokens"] == real
+    rows = read_metrics(out).training
+    assert rows[-1].tokens == real  # the padded positions: 4 * 13 + 4 * 15 = 112, not 58
+    for row in rows:
+        assert 0 < row.mfu < 1, row
+        assert row.tokens_per_s == pytest.approx(row.tokens / row.elapsed_s, rel=0.05)
+        assert row.mfu == pytest.approx(row.tokens_per_s * summary["mfu_basis"]["flops_per_token"] / summary["mfu_basis"]["peak_flops"])
+    basis = summary["mfu_basis"]
+    assert basis["precision"] == "fp32" and basis["devices"] == 1 and "probe" in basis["peak_source"]
+    assert basis["flops_per_token"] == 6 * (basis["parameters"] - 64 * 32) + 12 * 1 * 32 * 16  # the tiny model: 1 layer, hidden 32, vocab 64
+    assert 0 < summary["mfu"] < 1
+    assert summary["tokens"] == real
+    assert 0 < summary["tokens_per_s"] <= rows[-1].tokens_per_s  # over the loop's wall time, the last save included

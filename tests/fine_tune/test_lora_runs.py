@@ -48,6 +48,16 @@ def test_lora_trains_to_ddps_losses(runs, name: str) -> None:
     for rank in summary["per_rank"]:
         assert rank["frozen_param_bytes"] > 0  # the base model, held without gradients or moments
         assert rank["param_dtype"] == "float32"
+    # MFU's FLOPs per token: the frozen base at 4 per parameter, the adapters at 6, counted before
+    # any strategy shards the model (ZeRO-3's partitioned parameters included)
+    basis, ref_basis = summary["mfu_basis"], json.loads((runs("ddp") / "run.json").read_text())["mfu_basis"]
+    assert (basis["parameters"], basis["trainable_parameters"], basis["flops_per_token"]) == (
+        ref_basis["parameters"], ref_basis["trainable_parameters"], ref_basis["flops_per_token"],
+    )  # fmt: skip
+    adapters, frozen_matrix = basis["trainable_parameters"], basis["parameters"] - basis["trainable_parameters"] - 64 * 32
+    assert 0 < adapters < frozen_matrix
+    assert basis["flops_per_token"] == 6 * adapters + 4 * frozen_matrix + 12 * 1 * 32 * 16  # tiny model: 1 layer, hidden 32, vocab 64, seq 16
+    assert 0 < summary["mfu"] < 1
 
 
 @pytest.mark.parametrize("name", ["ddp", "zero3"])

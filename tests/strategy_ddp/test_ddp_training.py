@@ -34,8 +34,15 @@ def test_metrics_and_outputs(ddp_run: Path) -> None:
     metrics = read_metrics(ddp_run)
     assert sorted(metrics) == list(range(1, 21))
     first, last = metrics[1], metrics[20]
-    assert {"step", "loss", "lr", "grad_norm", "tokens", "elapsed_s", "tokens_per_s"} <= set(first)
-    assert last["tokens"] == 20 * 2 * 4 * 16
+    assert {"step", "loss", "lr", "grad_norm", "tokens", "elapsed_s", "tokens_per_s", "mfu"} <= set(first)
+    # real tokens: the packed rows' padding (each epoch's last row) is left out of the 20 * 2 * 4 * 16 positions
+    summary = json.loads((ddp_run / "run.json").read_text())
+    assert 0.9 * 20 * 2 * 4 * 16 < last["tokens"] <= 20 * 2 * 4 * 16 and summary["tokens"] == last["tokens"]
+    basis = summary["mfu_basis"]
+    assert basis["devices"] == 1 and basis["peak_flops"] == basis["peak_flops_per_device"]  # 2 ranks share one CPU
+    for row in metrics.values():
+        assert 0 < row["mfu"] < 1 and row["mfu"] == pytest.approx(row["tokens_per_s"] * basis["flops_per_token"] / basis["peak_flops"])
+    assert 0 < summary["mfu"] < 1
     assert last["loss"] < first["loss"]
     evals = [json.loads(line) for line in (ddp_run / "metrics.jsonl").read_text().splitlines() if "eval_loss" in line]
     assert [e["step"] for e in evals] == [10, 20]

@@ -118,7 +118,7 @@ def _launch_and_report(job: Any) -> None:
         received = _run_workers(
             cfg.launch,
             worker_command("acc_train.worker", config_path),
-            {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision, "ACC_TRAIN_LAUNCH_TIME": repr(started)},
+            {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision, "ACC_TRAIN_LAUNCH_TIME": repr(started), **_peak_env(cfg)},
         )
         stopped = read_stop_marker(config_path)
     if received is not None or stopped is not None:
@@ -138,6 +138,22 @@ def _launch_and_report(job: Any) -> None:
             from acc_train.report import format_summary, read_run
 
             click.echo(format_summary(read_run(cfg.output_dir)))
+
+
+def _peak_env(cfg: Any) -> dict[str, str]:
+    """This machine's CPU peak FLOP/s in the run's compute precision, measured here once before
+    the workers start (a short probe the first time, then cached) and handed to them, so no rank
+    probes the cores the others train on. GPU workers look their own GPU up (the peak table, or
+    a probe of that GPU alone): asking CUDA for a name here would hold a CUDA context in this
+    process for the whole run."""
+    from acc_train.machine import current_machine, resolve_mixed_precision
+    from acc_train.mfu import compute_precision, peak_for_workers
+
+    machine = current_machine()
+    if machine.device_type != "cpu":
+        return {}
+    precision = compute_precision(resolve_mixed_precision(cfg.training.mixed_precision, machine), cfg.model.dtype)
+    return peak_for_workers(machine.device_type, precision)
 
 
 def _say_elastic(cfg: Any) -> None:

@@ -78,11 +78,44 @@ def parse_mesh(text: str) -> dict[str, int]:
     return out
 
 
-def build_plan(job: Any, mesh: dict[str, int] | None = None) -> dict[str, Any]:
+def expected_throughput(shape: Any, seq_len: int, precision: str, world: int, machines: int, mfu: float, device: str | None) -> dict[str, Any]:
+    """Tokens per second the job trains at ``mfu`` (:mod:`acc_train.mfu`): the devices' peak in
+    the compute precision times ``mfu`` over the model's FLOPs per token. ``device``: a name
+    from the peak table (``H100``, ``A100``...) for ``world`` such GPUs; None: this machine's
+    device (its GPUs, or its CPU measured by the probe, one per machine)."""
+    from acc_train.errors import UserError
+    from acc_train.mfu import device_peak_flops, model_flops_per_token
+
+    per_token = model_flops_per_token(shape.config, seq_len, trainable_params=shape.parameters, total_params=shape.parameters + shape.frozen)
+    if device is None:
+        from acc_train.machine import current_machine
+
+        kind = current_machine().device_type
+        devices = machines if kind == "cpu" else world
+    else:
+        kind, devices = device, world
+    try:
+        peak, source = device_peak_flops(kind, precision)
+    except ValueError as exc:
+        raise UserError(str(exc), where="--device", hint="name a device of the table (e.g. H100, A100, H200, MI300X) or leave --device out for this machine's") from None
+    return {
+        "mfu": mfu,
+        "flops_per_token": per_token,
+        "precision": precision,
+        "peak_flops_per_device": peak,
+        "devices": devices,
+        "peak_source": source,
+        "tokens_per_s": mfu * peak * devices / per_token,
+    }
+
+
+def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None = None, device: str | None = None) -> dict[str, Any]:
     """The plan as data: the model, the inputs and one row per strategy variant (and one for
-    the FSDP2 ``mesh``, when given)."""
+    the FSDP2 ``mesh``, when given); with ``mfu``, the tokens/s the job trains at that MFU
+    (:func:`expected_throughput`)."""
     from acc_train.launcher import default_num_processes
-    from acc_train.memory_plan import ACTIVATION_FORMULA, PlanInput, activation_bytes, model_shape
+    from acc_train.memory_plan import ACTIVATION_FORMULA, PlanInput, activation_bytes, attention_score_factor, model_shape
+    from acc_train.mfu import compute_precision
     from acc_train.config import resolve_strategy
     from acc_train.config.optimizer import optimizer_kind
     from acc_train.plugins import strategies
@@ -159,8 +192,15 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None) -> dict[str, Any]:
         "seq_len": seq,
         "gradient_checkpointing": cfg.training.gradient_checkpointing,
         "optimizer": {"name": cfg.optimizer.name, "state_bytes_per_parameter": optimizer_bytes},
+        "attn_implementation": shape.attn_implementation,
+        "attention_score_factor": attention_score_factor(shape.attn_implementation, shape.attention_dropout),
         "activation_formula": ACTIVATION_FORMULA,
         "rows": rows,
+        "throughput": (
+            expected_throughput(shape, seq, compute_precision(precision, dtype), inp.world_size, cfg.launch.num_machines, mfu, device)
+            if mfu is not None
+            else None
+        ),
     }
 
 
@@ -215,9 +255,16 @@ def _print_table(data: dict[str, Any]) -> None:
         if r["note"]:
             click.echo(f"  {r['label']}: {r['note']}")
     click.echo(f"* {data['activation_formula']}; s = seq_len, b = micro-batch, h = hidden size, a = heads, L = layers, V = vocab.")
+    click.echo(f"  This job's attention: {data['attn_implementation']} (c = {data['attention_score_factor']}).")
     click.echo("  The activation figure is an estimate, the same under every data-parallel strategy. The model-state figures")
     click.echo("  are each strategy's own accounting, for parameters held in fp32 (model.dtype auto or fp32: whatever the")
     click.echo("  checkpoint is stored in) or pure bf16/fp16; they match what run.json measures (BENCHMARKS.md).")
+    t = data.get("throughput")
+    if t:
+        click.echo(
+            f"\nthroughput at MFU {t['mfu']:.0%}: {t['tokens_per_s']:,.0f} tokens/s over all ranks "
+            f"({t['flops_per_token'] / 1e9:.4g} GFLOPs per token; {t['devices']} x {t['peak_flops_per_device'] / 1e12:.4g} TFLOP/s: {t['peak_source']})"
+        )
 
 
 @click.command()
@@ -229,10 +276,15 @@ def _print_table(data: dict[str, Any]) -> None:
 @click.option("--mixed-precision", type=click.Choice(["auto", "no", "bf16", "fp16"]), help="auto: bf16 where native here, else fp32.")
 @click.option("--set", "sets", multiple=True, metavar="KEY.PATH=VALUE", help="Set any config key (repeatable), e.g. data.seq_len=2048.")
 @click.option("--mesh", "mesh", metavar="DIMS", help="Also plan FSDP2 over this mesh, e.g. replicate=2,shard=4 (HSDP), shard=4,tp=2 (FSDP x TP) or shard=2,cp=4 (FSDP x CP); product = processes.")
+@click.option(
+    "--mfu", "mfu", type=click.FloatRange(0, 1, min_open=True), metavar="FRACTION",
+    help="Also print the tokens/s the job trains at this model FLOPs utilization, e.g. 0.4 (0 < MFU <= 1).",
+)
+@click.option("--device", "device", metavar="NAME", help="With --mfu: the GPU to plan for, by name (H100, A100, H200, MI300X...); default: this machine's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes).")
 @click.pass_context
 @user_errors
-def plan(ctx: click.Context, model: str | None, as_json: bool, mesh: str | None, **params: Any) -> None:
+def plan(ctx: click.Context, model: str | None, as_json: bool, mesh: str | None, mfu: float | None, device: str | None, **params: Any) -> None:
     """Per-rank memory of the job under every installed strategy and preset, before running it.
 
     Parameters, gradients, optimizer state (each strategy's own accounting, exact for what
@@ -245,12 +297,15 @@ def plan(ctx: click.Context, model: str | None, as_json: bool, mesh: str | None,
       acc-train plan --num-processes 8 --mixed-precision bf16
       acc-train plan --model ./my-model --set data.seq_len=2048 --micro-batch-size 4
       acc-train plan --num-processes 8 --mesh replicate=2,shard=4
+      acc-train plan --num-processes 8 --mixed-precision bf16 --mfu 0.4 --device H100
     """
     model_flag = {"model.name_or_path": (model, "--model")} if model is not None else {}
     job = resolve_job(merge_parent_params(ctx, params), model_flag)
     report_plugin_failures()
     _check_model_path(job.config.model.name_or_path)
-    data = build_plan(job, parse_mesh(mesh) if mesh is not None else None)
+    if device is not None and mfu is None:
+        raise click.UsageError("--device only says what --mfu is measured against: give --mfu too")
+    data = build_plan(job, parse_mesh(mesh) if mesh is not None else None, mfu, device)
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:

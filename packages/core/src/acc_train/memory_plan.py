@@ -22,6 +22,7 @@ __all__ = [
     "ModelShape",
     "PlanInput",
     "activation_bytes",
+    "attention_score_factor",
     "model_shape",
     "replicated",
 ]
@@ -29,9 +30,11 @@ __all__ = [
 #: What :func:`activation_bytes` computes, for the table's header.
 ACTIVATION_FORMULA = (
     "activations (estimate, Korthikanti et al. 2022, no recomputation): "
-    "L*s*b*h*(34 + 5*a*s/h) * (B/2) + 2*s*b*V*4 (the fp32 logits and their log-softmax); "
+    "L*s*b*h*(34 + c*a*s/h) * (B/2) + 2*s*b*V*4 (the fp32 logits and their log-softmax); "
+    "c counts the attention scores the attention implementation stores: 0 for sdpa and flash attention "
+    "(they recompute them in backward), 2 for eager (the softmax), 5 for eager with attention dropout (Korthikanti's); "
     "with activation checkpointing 2*s*b*h*L*(B/2) + one layer's share; B = bytes per activation; "
-    "over a mesh's tp ranks (tensor parallelism) 10 + 24/t + 5*a*s/(h*t) in place of 34 + 5*a*s/h, "
+    "over a mesh's tp ranks (tensor parallelism) 10 + 24/t + c*a*s/(h*t) in place of 34 + c*a*s/h, "
     "and seq_len / cp in place of s (context parallelism)"
 )
 
@@ -139,6 +142,12 @@ class ModelShape:
     #: frozen parameters (LoRA's base model): held as the strategy holds parameters, with no
     #: gradients and no optimizer state
     frozen: int = 0
+    #: the attention implementation the model resolves to (``sdpa``, ``eager``, ...) and its
+    #: attention dropout: what decides whether attention scores are stored
+    attn_implementation: str | None = None
+    attention_dropout: float = 0.0
+    #: the model's transformers config (for FLOPs per token), not compared
+    config: Any = field(default=None, compare=False, repr=False)
 
 
 def _first(config: Any, *names: str) -> int | None:
@@ -155,6 +164,8 @@ def model_shape(config: JobConfig) -> ModelShape:
     from acc_train.model import meta_model
 
     model, mcfg = meta_model(config)
+    built = getattr(model, "config", mcfg)  # transformers resolved the attention implementation on it
+    attn = config.model.attn_implementation or getattr(built, "_attn_implementation", None) or "sdpa"
     psi = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     return ModelShape(
@@ -165,22 +176,40 @@ def model_shape(config: JobConfig) -> ModelShape:
         heads=_first(mcfg, "num_attention_heads", "n_head", "num_heads"),
         vocab=_first(mcfg, "vocab_size"),
         frozen=frozen,
+        attn_implementation=attn,
+        attention_dropout=float(getattr(mcfg, "attention_dropout", 0.0) or 0.0),
+        config=mcfg,
     )
 
 
-def activation_bytes(shape: ModelShape, micro_batch: int, seq_len: int, precision: str, recompute: bool = False, tp: int = 1) -> int | None:
+def attention_score_factor(attn_implementation: str | None, attention_dropout: float = 0.0) -> int:
+    """Korthikanti's attention-score term, ``c * a * s / h`` in 2-byte units: eager attention
+    stores the softmax of the scores (``c = 2``) and, with attention dropout, its mask and output
+    (``c = 5``, the paper's); sdpa, flash attention and the other fused kernels store none (they
+    recompute the scores in backward from a logsumexp of ``a * s`` per row: ``c = 0``)."""
+    if attn_implementation != "eager":
+        return 0
+    return 5 if attention_dropout > 0 else 2
+
+
+def activation_bytes(
+    shape: ModelShape, micro_batch: int, seq_len: int, precision: str, recompute: bool = False, tp: int = 1, scores: int | None = None
+) -> int | None:
     """Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer
     Models", eq. 1: a layer stores s*b*h*(34 + 5*a*s/h) bytes of 16-bit activations without
     recomputation, halved here per byte of precision; over ``tp`` tensor-parallel ranks (eq. 2,
     no sequence parallelism) s*b*h*(10 + 24/t + 5*a*s/(h*t)): the attention and MLP insides are
-    split, the layer's inputs, norms and residuals are not. It assumes a 4h GELU MLP and dropout;
-    a Llama layer (SwiGLU, no dropout) differs by some tens of percent. Not sharded by any
-    data-parallel strategy. None when the config lacks the dimensions."""
+    split, the layer's inputs, norms and residuals are not. The 5 is ``scores``: what the
+    attention implementation stores of the s x s scores (:func:`attention_score_factor`; None:
+    the shape's own implementation). It assumes a 4h GELU MLP and dropout; a Llama layer
+    (SwiGLU, no dropout) differs by some tens of percent. Not sharded by any data-parallel
+    strategy. None when the config lacks the dimensions."""
     if None in (shape.layers, shape.hidden, shape.heads, shape.vocab):
         return None
     s, b, h, a, n_layers, v = seq_len, micro_batch, shape.hidden, shape.heads, shape.layers, shape.vocab
     scale = 1.0 if precision in ("bf16", "fp16") else 2.0  # the formula counts 2-byte activations
-    per_layer = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * scale  # type: ignore[operator]
+    c = attention_score_factor(shape.attn_implementation, shape.attention_dropout) if scores is None else scores
+    per_layer = s * b * h * (10 + 24 / tp + c * a * s / (h * tp)) * scale  # type: ignore[operator]
     logits = 2 * s * b * v * 4  # type: ignore[operator]
     if recompute:  # only each layer's input is kept, and one layer is live at a time in backward
         return int(2 * s * b * h * n_layers * scale + per_layer + logits)  # type: ignore[operator]

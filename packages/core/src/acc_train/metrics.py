@@ -37,10 +37,12 @@ class MetricsRow(Mapping[str, Any]):
     loss: float | None = None
     lr: float | None = None
     grad_norm: float | None = None
-    #: tokens trained on since step 0 (all ranks)
+    #: real tokens trained on since step 0 (all ranks; padding left out)
     tokens: int | None = None
-    #: mean since this run (not the runs it resumed) started
+    #: real tokens per second, mean since this run (not the runs it resumed) started
     tokens_per_s: float | None = None
+    #: model FLOPs utilization of that mean (:mod:`acc_train.mfu`); None where no peak is known
+    mfu: float | None = None
     #: training time since step 0, resumed runs included
     elapsed_s: float | None = None
     #: present exactly on evaluation rows
@@ -109,7 +111,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "step": (int,),
     "epoch": (int,),
     "tokens": (int,),
-    **{name: (int, float) for name in ("loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "eval_loss")},
+    **{name: (int, float) for name in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s", "eval_loss")},
 }
 
 

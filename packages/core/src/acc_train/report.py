@@ -1,4 +1,4 @@
-"""A run's report: a summary table and ``report.png`` (loss, learning rate, throughput by step).
+"""A run's report: a summary table and ``report.png`` (loss, learning rate, throughput and MFU by step).
 
 Read from what a run leaves in its output directory (``metrics.jsonl``, ``run.json``,
 ``checkpoints/``), so ``acc-train report`` draws it for any run, finished or not, and the
@@ -71,6 +71,7 @@ SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
     "steps": (int,),
     "start_step": (int,),
     "tokens_per_s": (int, float),
+    "mfu": (int, float),
     "final_loss": (int, float),
     "elapsed_s": (int, float),
 }
@@ -145,6 +146,18 @@ def _fmt_loss(value: Any) -> str:
     return f"{value:.4f}" if abs(value) < 1e9 else f"{value:.4g}"
 
 
+def _fmt_mfu(mfu: Any, basis: Any) -> str:
+    """``9.1%`` and, from run.json, what it is measured against: ``of 318 GFLOP/s fp32 peak (...)``."""
+    if not isinstance(mfu, (int, float)) or isinstance(mfu, bool) or not math.isfinite(mfu):
+        return "-"
+    text = f"{mfu:.1%}" if abs(mfu) < 1e6 else f"{mfu:.3g}"
+    if isinstance(basis, dict) and isinstance(basis.get("peak_flops"), (int, float)) and isinstance(basis.get("flops_per_token"), (int, float)):
+        peak = basis["peak_flops"]
+        shown = f"{peak / 1e12:.3g} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.3g} GFLOP/s"
+        text += f" of {shown} {basis.get('precision', '')} peak ({basis['flops_per_token'] / 1e6:.4g} MFLOPs/token)"
+    return text
+
+
 def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     """(key, value) rows of the summary table."""
     s = record.summary or {}
@@ -157,6 +170,7 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     if s.get("start_step"):
         steps += f" (resumed at step {s['start_step']})"
     tokens_per_s = s.get("tokens_per_s", last.tokens_per_s if last else None)
+    mfu = s.get("mfu", last.mfu if last else None)
     final_loss = s.get("final_loss", last.loss if last else None)
     eval_row = record.evals[-1] if record.evals else None
     rows = [
@@ -165,6 +179,7 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
         ("world size", str(s.get("world_size", "-"))),
         ("steps", steps),
         ("tokens/s", f"{tokens_per_s:,.0f}" if isinstance(tokens_per_s, (int, float)) else "-"),
+        ("MFU", _fmt_mfu(mfu, s.get("mfu_basis"))),
         ("final loss", _fmt_loss(final_loss)),
         ("best loss", f"{_fmt_loss(best.loss)} (step {best.step})" if best else "-"),
         ("eval loss", f"{_fmt_loss(eval_row.eval_loss)} (step {eval_row.step})" if eval_row else "-"),
@@ -207,7 +222,7 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
     rows = dict(summary_rows(record))
     fig.suptitle(
         f"{record.output_dir.name}: {rows['strategy']}, world size {rows['world size']}, {rows['steps']} steps\n"
-        f"final loss {rows['final loss']}, eval loss {rows['eval loss']}, {rows['tokens/s']} tokens/s",
+        f"final loss {rows['final loss']}, eval loss {rows['eval loss']}, {rows['tokens/s']} tokens/s, MFU {rows['MFU'].split(' ')[0]}",
         fontsize=13,
     )
 
@@ -244,9 +259,16 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
     if tps:
         ax_tps.plot(*zip(*tps), color="tab:purple", lw=1.8)
         ax_tps.set_ylim(bottom=0)
-    ax_tps.set_ylabel("tokens/s")
+    mfus = [(r.step, 100 * r.mfu) for r in record.steps if isinstance(r.mfu, (int, float)) and not isinstance(r.mfu, bool)]
+    if mfus:  # the same mean, as a share of the devices' peak
+        ax_mfu = ax_tps.twinx()
+        ax_mfu.plot(*zip(*mfus), color="tab:olive", lw=1.4, ls="--")
+        ax_mfu.set_ylim(bottom=0)
+        ax_mfu.set_ylabel("MFU (%)", color="tab:olive")
+        ax_mfu.spines[["top"]].set_visible(False)
+    ax_tps.set_ylabel("tokens/s (real tokens)")
     ax_tps.set_xlabel("optimizer step")
-    ax_tps.set_title("Throughput (mean since the run started)", loc="left", fontsize=11)
+    ax_tps.set_title("Throughput (mean since the run started)" + ("; dashed: MFU" if mfus else ""), loc="left", fontsize=11)
 
     for ax in (ax_loss, ax_lr, ax_tps):
         ax.grid(True, alpha=0.3)

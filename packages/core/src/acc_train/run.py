@@ -48,6 +48,9 @@ class RunContext:
     #: the tracker runs this launch logs to (project, run name, ids: run.json's ``trackers``),
     #: on the main process once they started; None without trackers
     trackers: dict[str, Any] | None = None
+    #: what MFU is computed against (:func:`acc_train.mfu.run_basis`): FLOPs per token, the
+    #: devices' peak; None before the model is built, ``{"error": ...}`` where there is no figure
+    mfu_basis: dict[str, Any] | None = None
 
     @property
     def config(self) -> Any:
@@ -100,7 +103,10 @@ class RunReporter:
         if row.is_training:
             self._write(run, step, row)
             if self._bar is not None:
-                self._bar.set_postfix(loss=f"{row.loss:.4f}", lr=f"{row.lr or 0:.2e}", tok_s=f"{row.tokens_per_s or 0:.0f}", refresh=False)
+                shown = {"loss": f"{row.loss:.4f}", "lr": f"{row.lr or 0:.2e}", "tok_s": f"{row.tokens_per_s or 0:.0f}"}
+                if row.mfu is not None:
+                    shown["mfu"] = f"{row.mfu:.1%}"
+                self._bar.set_postfix(shown, refresh=False)
         if self._bar is not None:
             self._bar.update(1)
 

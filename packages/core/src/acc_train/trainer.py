@@ -200,6 +200,17 @@ def _losses_from_metrics(output_dir: Path, step: int, result: Any) -> None:
         result.last_loss, result.best_loss = steps[max(s for s in steps if s <= step)].loss, min(losses)
 
 
+def _mfu_basis(job: ResolvedJob, accelerator: Accelerator, model: Any) -> dict[str, Any]:
+    """FLOPs per token of the built model (counted before a strategy shards it) and the peak of
+    the devices training it: each GPU's, or each machine's CPU (its ranks share its cores)."""
+    from acc_train.mfu import compute_precision, run_basis
+
+    machine = accelerator.acc_machine
+    devices = accelerator.num_processes if machine.device_type != "cpu" else machine.num_machines
+    precision = compute_precision(accelerator.mixed_precision, job.config.model.dtype)
+    return run_basis(model, job.config.data.seq_len, machine.device_type, precision, devices)
+
+
 def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | None = None) -> dict[str, Any]:
     """Run the job on this process (one rank of the launched workers). Returns run.json's content,
     or, for a run the ranks stopped on a signal (``stop``, set by the worker's handlers),
@@ -233,6 +244,7 @@ def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | 
         model=prepared.model,
         optimizer=prepared.optimizer,
         model_state_meter=job.strategy.model_state_meter(accelerator, prepared.model, prepared.optimizer),
+        mfu_basis=_mfu_basis(job, accelerator, built.model),
     )
     with reporting(run):
         call_lifecycle("acc_train_train_start", run=run)

@@ -17,10 +17,13 @@ import numpy as np
 
 from acc_train.data.pack import inner_starts
 
-__all__ = ["IGNORE_INDEX", "Split", "TokenRows", "Collate", "token_row"]
+__all__ = ["IGNORE_INDEX", "REAL_TOKENS", "Split", "TokenRows", "Collate", "real_tokens", "token_row"]
 
 #: the label cross-entropy ignores (transformers' and torch's default)
 IGNORE_INDEX = -100
+
+#: a packed batch's count of each row's real (not padding) tokens; the model never sees it
+REAL_TOKENS = "real_tokens"
 
 
 @dataclass
@@ -75,8 +78,9 @@ def token_row(ids: np.ndarray, loss: np.ndarray | None, inner: np.ndarray) -> di
 @dataclass
 class Collate:
     """Stacks rows into a batch. ``packed``: every row padded to ``seq_len`` (the padding its own
-    segment of position ids, labels -100), no attention mask. Otherwise: rows padded to the
-    batch's longest, with an ``attention_mask``, no position ids."""
+    segment of position ids, labels -100), no attention mask, and each row's real length in
+    :data:`REAL_TOKENS` (throughput counts real tokens). Otherwise: rows padded to the batch's
+    longest, with an ``attention_mask``, no position ids."""
 
     seq_len: int
     packed: bool
@@ -102,6 +106,17 @@ class Collate:
         batch = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
         if self.packed:
             batch["position_ids"] = torch.from_numpy(positions)
+            batch[REAL_TOKENS] = torch.from_numpy(mask.sum(axis=1))
         else:
             batch["attention_mask"] = torch.from_numpy(mask)
         return batch
+
+
+def real_tokens(batch: dict[str, Any]) -> Any:
+    """The batch's real tokens, padding left out (a 0-d tensor): its attention mask's ones, a
+    packed batch's :data:`REAL_TOKENS`, or every position of a batch that has neither."""
+    if "attention_mask" in batch:
+        return batch["attention_mask"].sum()
+    if REAL_TOKENS in batch:
+        return batch[REAL_TOKENS].sum()
+    return batch["input_ids"].new_tensor(batch["input_ids"].numel())

@@ -12,6 +12,7 @@ from typing import Any
 from acc_train.checkpoint import TrainerState
 from acc_train.config.optimizer import optimizer_summary
 from acc_train.loop.loop import LoopResult
+from acc_train.mfu import mfu
 from acc_train.model_state import ModelStateMeter
 from acc_train.output_paths import fresh_directory, replace_directory, replace_file
 from acc_train.run import RunContext
@@ -104,8 +105,8 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
     machine = accelerator.acc_machine
     t_cfg = job.config.training
     per_rank, model_elements = _per_rank(run)  # first: the peak memory of training, before anything else is loaded
-    tokens_per_step = t_cfg.micro_batch_size * job.config.data.seq_len * t_cfg.gradient_accumulation_steps * accelerator.data_parallel_size
-    tokens_run = (state.step - result.start_step) * tokens_per_step
+    tokens_per_s = result.tokens / result.elapsed_s if result.elapsed_s > 0 else None
+    basis = run.mfu_basis or {}
     times, blocked, overlap = result.step_times, result.checkpoint_blocked_s, result.checkpoint_overlap_s
     return {
         "strategy": job.config.strategy["name"],
@@ -126,7 +127,10 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         "best_loss": result.best_loss,
         "final_eval_loss": result.eval_loss,
         "tokens": state.tokens,
-        "tokens_per_s": tokens_run / result.elapsed_s if result.elapsed_s > 0 else None,
+        # real tokens (padding left out) of this run's steps over its loop's wall time
+        "tokens_per_s": tokens_per_s,
+        "mfu": mfu(tokens_per_s, basis["flops_per_token"], basis["peak_flops"]) if tokens_per_s is not None and "peak_flops" in basis else None,
+        "mfu_basis": run.mfu_basis,
         "elapsed_s": round(state.elapsed_s, 3),
         "step_time_s": statistics.fmean(times) if times else None,
         "step_time_median_s": statistics.median(times) if times else None,

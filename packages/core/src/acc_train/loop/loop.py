@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point
 from acc_train.loop.loss import eval_loss, sequence_shards, step_windows, token_loss
+from acc_train.mfu import mfu
 from acc_train.plugins import call_lifecycle
 from acc_train.run import RunContext
 
@@ -79,6 +80,8 @@ class LoopResult:
     resumed_via: str | None = None
     #: wall-clock time (``time.time()``) the first training batch was in hand
     first_batch_at: float | None = None
+    #: real tokens (padding left out) this run trained on, all ranks
+    tokens: int = 0
 
 
 def evaluate(accelerator: Any, model: Any, eval_dl: Any) -> float:
@@ -98,7 +101,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     # ranks whose losses are different parts of the step's: data-parallel ranks and the parts of
     # a context-parallel group; strategies average gradients over them
     loss_parts = accelerator.num_processes // accelerator.loss_replicas
-    tokens_per_step = t_cfg.micro_batch_size * cfg.data.seq_len * t_cfg.gradient_accumulation_steps * world
+    basis = run.mfu_basis or {}
     result = LoopResult(start_step=state.step)
     elapsed_before = state.elapsed_s  # training time of the runs this one resumes
     t_start = time.perf_counter()
@@ -118,7 +121,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
         if inputs.sampler is not None:  # (a stream continues from its own position, endlessly)
             inputs.train_dl.set_epoch(state.epoch)  # Accelerate's loader re-sets the sampler's epoch from its own count
             inputs.sampler.set_start(state.batches_in_epoch * world * t_cfg.micro_batch_size)
-        for batch, step_tokens in step_windows(inputs.train_dl, t_cfg.gradient_accumulation_steps, accelerator):
+        for batch, step_tokens, step_real in step_windows(inputs.train_dl, t_cfg.gradient_accumulation_steps, accelerator):
             if result.first_batch_at is None:
                 result.first_batch_at = time.time()
             with accelerator.accumulate(model):
@@ -142,7 +145,8 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                 scheduler.step()
             state.step += 1
             run.step = state.step
-            state.tokens += tokens_per_step
+            state.tokens += step_real
+            result.tokens += step_real
             if state.batches_in_epoch >= inputs.batches_per_epoch:
                 state.epoch += 1
                 state.batches_in_epoch = state.samples_in_epoch = 0
@@ -170,9 +174,11 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                     lr=lr,
                     grad_norm=float(grad_norm) if grad_norm is not None else None,
                     tokens=state.tokens,
-                    tokens_per_s=(state.step - result.start_step) * tokens_per_step / max(now - t_start, 1e-9),
+                    tokens_per_s=result.tokens / max(now - t_start, 1e-9),
                     elapsed_s=round(elapsed, 4),
                 )
+                if "peak_flops" in basis:
+                    metrics["mfu"] = mfu(metrics["tokens_per_s"], basis["flops_per_token"], basis["peak_flops"])
             loss_sum.zero_()
             call_lifecycle("acc_train_step_end", run=run, step=state.step, metrics=metrics)
             if state.step - result.start_step > WARMUP_STEPS:

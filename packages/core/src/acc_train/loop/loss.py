@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from acc_train.data.rows import IGNORE_INDEX
+from acc_train.data.rows import IGNORE_INDEX, REAL_TOKENS, real_tokens
 from acc_train.errors import UserError
 
 __all__ = ["SHIFTED_LABELS", "step_windows", "sequence_shards", "token_loss", "eval_loss"]
@@ -36,10 +36,11 @@ def _counted(batch: dict[str, Any]) -> Any:
     return (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
 
 
-def step_windows(batches: Iterable[dict[str, Any]], accumulation: int, accelerator: Any) -> Iterator[tuple[dict[str, Any], int]]:
+def step_windows(batches: Iterable[dict[str, Any]], accumulation: int, accelerator: Any) -> Iterator[tuple[dict[str, Any], int, int]]:
     """Each micro-batch with the number of loss tokens of its whole optimizer step, over all
-    ranks: the step's micro-batches are read first (every rank reads the same number: an epoch
-    is cut to whole steps), their counts summed across ranks in one all-reduce."""
+    ranks, and the step's real tokens (padding left out: what throughput counts): the step's
+    micro-batches are read first (every rank reads the same number: an epoch is cut to whole
+    steps), both counts summed across ranks in one all-reduce."""
     import torch
 
     window: list[dict[str, Any]] = []
@@ -52,11 +53,11 @@ def step_windows(batches: Iterable[dict[str, Any]], accumulation: int, accelerat
         yield from _with_total(window, accelerator, torch)
 
 
-def _with_total(window: list[dict[str, Any]], accelerator: Any, torch: Any) -> Iterator[tuple[dict[str, Any], int]]:
-    local = torch.stack([_counted(b) for b in window]).sum().to(accelerator.device)
-    total = int(accelerator.reduce(local, reduction="sum").item()) // accelerator.batch_replicas  # a tp group's ranks read one batch
+def _with_total(window: list[dict[str, Any]], accelerator: Any, torch: Any) -> Iterator[tuple[dict[str, Any], int, int]]:
+    local = torch.stack([torch.stack([_counted(b), real_tokens(b).to(torch.long)]) for b in window]).sum(0).to(accelerator.device)
+    counted, real = (int(n) // accelerator.batch_replicas for n in accelerator.reduce(local, reduction="sum").tolist())  # a tp/cp group's ranks read one batch
     for batch in window:
-        yield batch, max(total, 1)
+        yield batch, max(counted, 1), real
 
 
 @contextmanager
@@ -94,7 +95,7 @@ def _token_losses(model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
     without a KV cache (with one, transformers does not build the packed rows' mask)."""
     import torch.nn.functional as F
 
-    inputs = {k: v for k, v in batch.items() if k not in ("labels", SHIFTED_LABELS)}
+    inputs = {k: v for k, v in batch.items() if k not in ("labels", SHIFTED_LABELS, REAL_TOKENS)}
     logits = model(**inputs, use_cache=False).logits
     if SHIFTED_LABELS in batch:  # this rank's part of each row, labels shifted before the cut
         labels = batch[SHIFTED_LABELS].reshape(-1)
