@@ -225,6 +225,8 @@ def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | 
     job.config.resume, restarts, again = _agree_on_resume(job.config.resume, restart_count(), runs_again(config_file))
     data = setup.load_data(job, accelerator)
     built = setup.build_model(job, data)
+    # counted before prepare: FSDP1 flattens and shards the built model's parameters in place
+    mfu_basis = _mfu_basis(job, accelerator, built.model)
     prepared = setup.prepare(job, accelerator, built, data)
     manager = setup.checkpoint_manager(job, accelerator, built, data)
     state, resumed_from = setup.resume(job, manager, prepared, data.max_steps, data.stream)
@@ -244,7 +246,7 @@ def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | 
         model=prepared.model,
         optimizer=prepared.optimizer,
         model_state_meter=job.strategy.model_state_meter(accelerator, prepared.model, prepared.optimizer),
-        mfu_basis=_mfu_basis(job, accelerator, built.model),
+        mfu_basis=mfu_basis,
     )
     with reporting(run):
         call_lifecycle("acc_train_train_start", run=run)
