@@ -56,6 +56,16 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"proc": proc, "out": out, "results": results, "rows": {r["name"]: r for r in results["rows"]}, "seconds": time.monotonic() - t0}
 
 
+def row_errors(rehearsal: dict) -> dict[str, str | None]:
+    return {name: row.get("error") for name, row in rehearsal["rows"].items()}
+
+
+def log_tail(rehearsal: dict, chars: int = 4000) -> str:
+    """The end of the check's combined log (each row's commands and output): what a failed row printed."""
+    log = rehearsal["out"] / "check.log"
+    return log.read_text(errors="replace")[-chars:] if log.is_file() else rehearsal["proc"].stdout[-chars:]
+
+
 @pytest.mark.launch
 @pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
 def test_the_rehearsal_writes_every_row_and_its_files(rehearsal: dict) -> None:
@@ -65,7 +75,7 @@ def test_the_rehearsal_writes_every_row_and_its_files(rehearsal: dict) -> None:
         assert (rehearsal["out"] / name).is_file(), name
     md = (rehearsal["out"] / "results.md").read_text()
     assert all(f"\n{name} | " in md for name in CORE_ROWS)
-    assert "ddp against the hand-written loop" in md
+    assert "ddp against the hand-written loop" in md, (md, row_errors(rehearsal))
 
 
 @pytest.mark.launch
@@ -78,6 +88,7 @@ def test_every_row_trains_and_reports_throughput_memory_and_loss(rehearsal: dict
         assert rows[name]["plan_bytes"] > 0  # acc-train plan's estimate for the same job, beside the run
     for name in CORE_ROWS:
         row = rows[name]
+        assert row["error"] is None, (name, row["error"], log_tail(rehearsal))
         assert row["tokens_per_s"] > 0 and row["peak_memory_bytes"] > 0 and row["seconds"] > 0, name
         assert row["step_time_s"] > 0, name
     distributed = {name: rows[name]["distributed_type"] for name in ("ddp", "fsdp", "zero3")}
@@ -90,7 +101,7 @@ def test_the_rows_train_the_same_job(rehearsal: dict) -> None:
     """Same model, seed, batches and schedule: acc-train under each strategy and the hand-written
     loop end at the same loss (fp32, one process)."""
     losses = {name: rehearsal["rows"][name]["loss"] for name in CORE_ROWS}
-    assert all(isinstance(v, float) for v in losses.values()), losses
+    assert all(isinstance(v, float) for v in losses.values()), (losses, row_errors(rehearsal))
     assert max(losses.values()) - min(losses.values()) < 1e-3, losses
 
 
@@ -102,19 +113,13 @@ def test_mfu_is_reported_or_its_absence_is_the_rows_error(rehearsal: dict) -> No
     rows, proc = rehearsal["rows"], rehearsal["proc"]
     if has_mfu_module():
         for name in CORE_ROWS:
-            assert 0 < rows[name]["mfu"] < 1, (name, rows[name])
             assert rows[name]["error"] is None, (name, rows[name]["error"])
+            assert 0 < rows[name]["mfu"] < 1, (name, rows[name])
         assert proc.returncode == 0, proc.stdout[-3000:]
     else:
         assert "acc_train.mfu" in rows["handwritten"]["error"]
         assert rows["handwritten"]["mfu"] is None
         assert proc.returncode == 1, proc.stdout[-3000:]
-
-
-@pytest.mark.launch
-@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
-def test_the_rehearsal_is_quick(rehearsal: dict) -> None:
-    assert rehearsal["seconds"] < 300
 
 
 # --- the runner itself, no launches -------------------------------------------------------------------
