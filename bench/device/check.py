@@ -41,6 +41,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import signal
 import subprocess
@@ -131,10 +132,11 @@ class Check:
         try:
             output, _ = proc.communicate(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
+            _dump_stacks(proc)
             _kill_group(proc)
             output, _ = _drain(proc)
             self.log(output)
-            raise RowFailed(f"timed out after {timeout:.0f} s: {' '.join(cmd[:6])} ...") from None
+            raise RowFailed(f"timed out after {timeout:.0f} s (each process's Python stack is in check.log): {' '.join(cmd[:6])} ...") from None
         self.log(output or "")
         self.log(f"-> exit {proc.returncode} in {time.monotonic() - t0:.1f} s")
         return subprocess.CompletedProcess(cmd, proc.returncode, output or "", "")
@@ -188,6 +190,18 @@ class Check:
         return self._tiny_model
 
 
+def _dump_stacks(proc: subprocess.Popen[str]) -> None:
+    """Where a timed-out command hangs: SIGABRT to its process group, on which every Python
+    process of it prints its threads' stacks (``PYTHONFAULTHANDLER``, set for every command the
+    check runs) into the output the log keeps, and ends (no core file: the check set their limit
+    to 0)."""
+    try:
+        os.killpg(proc.pid, signal.SIGABRT)
+        proc.wait(timeout=5)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+
+
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     """The process and everything it started (launchers, workers): SIGTERM (a launcher passes it
     on and its workers may save), 10 s, then SIGKILL to whatever of the group is left."""
@@ -212,6 +226,14 @@ def _drain(proc: subprocess.Popen[str]) -> tuple[str, str]:
                 pipe.close()
         return "(output lost: the pipe stayed open after the kill)", ""
     return out or "", err or ""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _last_line(text: str) -> str:
@@ -274,7 +296,7 @@ def plan_args(job: Job) -> list[str]:
 
 
 def handwritten_row(strategy: str, optimizer: str = "torch") -> Callable[[Check, float], dict[str, Any]]:
-    """``bench/handwritten_loop.py`` on the job (torchrun, one process), its MFU through acc_train.mfu.
+    """``bench/handwritten_loop.py`` on the job (one process, started with the variables torchrun sets), its MFU through acc_train.mfu.
     Rehearsing, the optimizer is torch's: DeepSpeed's FusedAdam on its CPU accelerator is another
     op (C++, minutes to build on a small CPU), not the CUDA one this row is for."""
 
@@ -282,15 +304,17 @@ def handwritten_row(strategy: str, optimizer: str = "torch") -> Callable[[Check,
         job = check.job
         chosen = "torch" if check.rehearse else optimizer
         out = check.work / f"handwritten-{strategy}-{chosen}.json"
+        # one process, as a hand-written single-GPU loop starts: plain python with the env://
+        # variables torchrun would set (no elastic agent or rendezvous between the check and the loop)
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-            str(ROOT / "bench" / "handwritten_loop.py"), "--strategy", strategy, "--steps", str(job.steps),
+            sys.executable, str(ROOT / "bench" / "handwritten_loop.py"), "--strategy", strategy, "--steps", str(job.steps),
             "--micro-batch-size", str(job.micro_batch_size), "--seq-len", str(job.seq_len), "--seed", "42",
             "--model-config", json.dumps(job.model), "--max-bytes", str(job.max_bytes), "--device", job.device,
             "--mixed-precision", job.precision, "--optimizer", chosen, "--out", str(out),
         ]  # fmt: skip
+        env = {**check.env, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         t0 = time.monotonic()
-        proc = check.run(cmd, timeout)
+        proc = check.run(cmd, timeout, env=env)
         if proc.returncode != 0:
             raise RowFailed(f"handwritten_loop.py --strategy {strategy} exited {proc.returncode}: {_last_line(proc.stdout)}")
         summary = json.loads(out.read_text())
@@ -512,7 +536,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown rows {', '.join(unknown)}; the rows are {', '.join(names)}")
     args.out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # a command that runs out of time prints its Python stacks on SIGABRT (_dump_stacks), without core files
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONFAULTHANDLER": "1"}
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     job = REHEARSAL_JOB if args.rehearse else DEVICE_JOB
     work = Path(tempfile.mkdtemp(prefix="acc-train-check-"))
     job = dataclasses.replace(job, cache_dir=str(work / "data-cache"))

@@ -132,7 +132,7 @@ def test_a_failing_or_overrunning_row_loses_nothing_else(tmp_path: Path, monkeyp
         raise check.RowFailed("boom")
 
     def hangs(c, timeout):
-        c.run([sys.executable, "-c", "import time; time.sleep(60)"], 1)
+        c.run([sys.executable, "-c", "import time\ndef waiting_for_nothing():\n    time.sleep(60)\nwaiting_for_nothing()"], 1)
 
     def buggy(c, timeout):
         return {}["missing"]
@@ -152,7 +152,9 @@ def test_a_failing_or_overrunning_row_loses_nothing_else(tmp_path: Path, monkeyp
     assert got["buggy"]["error"].startswith("KeyError in the check")
     assert got["works"]["error"] is None and got["works"]["tokens_per_s"] == 123.0
     assert set(got["works"]) >= set(check.FIELDS)
-    assert "===== row hangs" in (tmp_path / "check.log").read_text()
+    log = (tmp_path / "check.log").read_text()
+    assert "===== row hangs" in log
+    assert "in waiting_for_nothing" in log  # where the command hung: its Python stack, dumped before the kill
 
 
 def test_rows_past_the_budget_are_recorded_not_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
