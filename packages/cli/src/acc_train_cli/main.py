@@ -61,7 +61,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     report_plugin_failures()
     from acc_train.checkpoint.faults import check_fault_env
     from acc_train.config.optimizer import check_optimizer
-    from acc_train.launcher import default_num_processes
+    from acc_train.launcher import check_launch_support, default_num_processes
     from acc_train.strategy import Machine
     from acc_train.data import check_data_files, data_kind
     from acc_train.machine import current_machine
@@ -70,6 +70,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
 
     cfg = job.config
     check_fault_env()
+    check_launch_support(cfg.launch)
     check_model_path(cfg.model)
     check_attn_implementation(cfg.model, current_machine().device_type)
     _check_strategy_fits(job)
@@ -317,11 +318,12 @@ def launch(ctx: click.Context, program: str, program_args: tuple[str, ...], as_m
     job = resolve_job(merged)
     report_plugin_failures()
     from acc_train.launch_protocol import leftovers_warning, protocol_env, protocol_variables, shell_leftovers
-    from acc_train.launcher import default_num_processes, worker_command
+    from acc_train.launcher import check_launch_support, default_num_processes, worker_command
     from acc_train.machine import current_machine, resolve_mixed_precision
     from acc_train.strategy import Machine
 
     cfg = job.config
+    check_launch_support(cfg.launch)
     nproc = cfg.launch.num_processes or default_num_processes()
     machine = Machine(current_machine().device_type, nproc * cfg.launch.num_machines, cfg.launch.num_machines)
     job.strategy.check_environment(machine)

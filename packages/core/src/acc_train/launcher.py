@@ -45,8 +45,40 @@ def default_num_processes() -> int:
     return torch.cuda.device_count() or 1
 
 
+#: torch elastic's wait between passing a signal on and killing the workers, where its
+#: ``LaunchConfig`` has no ``shutdown_timeout`` to set it (torch 2.11 waits this, fixed)
+FIXED_SHUTDOWN_TIMEOUT = 30
+
+
+def _has_shutdown_timeout() -> bool:
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
+
+
+def check_launch_support(section: LaunchSection) -> None:
+    """Refuse, before launch, a ``launch:`` setting this torch's elastic launcher cannot honour
+    (exit 2): ``shutdown_timeout`` other than the fixed 30 s where torch has no such setting."""
+    if section.shutdown_timeout != FIXED_SHUTDOWN_TIMEOUT and not _has_shutdown_timeout():
+        import torch
+
+        from acc_train.errors import UserError
+
+        raise UserError(
+            f"shutdown_timeout: {section.shutdown_timeout} cannot be set with torch {torch.__version__}: its elastic "
+            f"launcher has no shutdown_timeout and always waits {FIXED_SHUTDOWN_TIMEOUT} s between passing a signal on and killing the workers",
+            where="launch",
+            hint=f"remove launch.shutdown_timeout (or set it to {FIXED_SHUTDOWN_TIMEOUT}), or install a torch whose "
+            "torch.distributed.launcher.api.LaunchConfig has shutdown_timeout (2.13 has it)",
+        )
+
+
 def _launch_config(section: LaunchSection, nproc: int) -> Any:
     from torch.distributed.launcher.api import LaunchConfig
+
+    check_launch_support(section)
 
     common: dict[str, Any] = {
         "min_nodes": section.num_machines,
@@ -58,8 +90,9 @@ def _launch_config(section: LaunchSection, nproc: int) -> Any:
         # the agent passes these on to the workers (which save on launch.save_signals), then
         # waits shutdown_timeout seconds before killing them
         "signals_to_handle": ",".join(dict.fromkeys(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", *section.save_signals])),
-        "shutdown_timeout": section.shutdown_timeout,
     }
+    if _has_shutdown_timeout():  # else torch waits FIXED_SHUTDOWN_TIMEOUT (check_launch_support)
+        common["shutdown_timeout"] = section.shutdown_timeout
     if section.num_machines == 1:  # torchrun --standalone: a private rendezvous on a free port
         return LaunchConfig(
             run_id=str(uuid.uuid4()), rdzv_backend="c10d", rdzv_endpoint="localhost:0", rdzv_configs={"is_host": True}, **common
