@@ -26,7 +26,8 @@ it runs on CPU with gloo and torch's default AdamW, as before. ``--model-config 
 the demo model's config and ``--max-bytes`` the demo corpus's size (acc-train's
 ``model.config`` and ``data.demo_max_bytes``): the device check trains acc-train's ~1B job here.
 
-Launch with ``torchrun --standalone --nproc-per-node N``; writes a JSON summary (median step
+Launch with ``torchrun --standalone --nproc-per-node N``, or one process as plain ``python``
+(an in-memory store then, no rendezvous); writes a JSON summary (median step
 time, whole-run tokens per second, peak memory per rank, losses) to ``--out``.
 
 Usage: torchrun --standalone --nproc-per-node 2 bench/handwritten_loop.py --strategy fsdp --steps 60 --out hw.json
@@ -132,14 +133,23 @@ def main() -> None:
         parser.error("--optimizer ds-fused-adam goes with --strategy zero3")
 
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    dist.init_process_group("nccl" if cuda else "gloo")
+    backend = "nccl" if cuda else "gloo"
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # one process has no one to meet: an in-memory store, no TCP rendezvous (as a
+        # single-GPU loop starts, with or without torchrun's variables)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
+    say = (lambda text: print(f"handwritten_loop: {text}", flush=True)) if rank == 0 else (lambda text: None)
+    say(f"{backend} process group of {world}")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
     blocks = demo_blocks(args.seq_len, args.max_bytes)
     model = LlamaForCausalLM(LlamaConfig(**{**DEMO_MODEL_CONFIG, **json.loads(args.model_config)})).to(device)
+    say(f"model of {sum(p.numel() for p in model.parameters()):,} parameters on {device}, {len(blocks)} blocks of {args.seq_len}")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.mixed_precision == "bf16")
     engine = None
     if args.strategy == "ddp":
@@ -200,6 +210,8 @@ def main() -> None:
             dist.all_reduce(mean)
             losses.append(mean.item())  # a host sync every step, as acc-train's loss log
             step += 1
+            if step <= WARMUP_STEPS or step == args.steps:
+                say(f"step {step} loss {losses[-1]:.4f}")
             now = time.perf_counter()
             if step > WARMUP_STEPS:
                 step_times.append(now - t_prev)
@@ -227,6 +239,7 @@ def main() -> None:
         )
     dist.barrier()
     dist.destroy_process_group()
+    say(f"done: {args.out}")
 
 
 if __name__ == "__main__":

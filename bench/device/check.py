@@ -41,6 +41,7 @@ import json
 import math
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
@@ -136,7 +137,7 @@ class Check:
             _kill_group(proc)
             output, _ = _drain(proc)
             self.log(output)
-            raise RowFailed(f"timed out after {timeout:.0f} s (each process's Python stack is in check.log): {' '.join(cmd[:6])} ...") from None
+            raise RowFailed(f"timed out after {timeout:.0f} s in {_where_it_hung(output)} (each process's Python stack is in check.log): {' '.join(cmd[:6])} ...") from None
         self.log(output or "")
         self.log(f"-> exit {proc.returncode} in {time.monotonic() - t0:.1f} s")
         return subprocess.CompletedProcess(cmd, proc.returncode, output or "", "")
@@ -200,6 +201,24 @@ def _dump_stacks(proc: subprocess.Popen[str]) -> None:
         proc.wait(timeout=5)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
+
+
+def _where_it_hung(output: str) -> str:
+    """From a timed-out command's output: the innermost frame of each stack that SIGABRT dumped
+    (faulthandler's "Current thread" first) and the last line the command printed before."""
+    lines = output.splitlines()
+    first_dump = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), len(lines))
+    said = next((line.strip() for line in reversed(lines[:first_dump]) if line.strip()), "")
+    frames: list[str] = []
+    for i, line in enumerate(lines):
+        if line.startswith(("Current thread", "Thread 0x")) and i + 1 < len(lines):
+            m = re.match(r'\s+File "(.+)", line (\d+) in (\S+)', lines[i + 1])
+            if m:
+                frame = f"{Path(m.group(1)).name}:{m.group(2)} {m.group(3)}"
+                if frame not in frames:
+                    (frames.insert(0, frame) if line.startswith("Current") else frames.append(frame))
+    where = ", ".join(frames[:4]) or "(no Python stack came back)"
+    return f"{where}; its last line: {said[:200]!r}" if said else where
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
@@ -313,6 +332,8 @@ def handwritten_row(strategy: str, optimizer: str = "torch") -> Callable[[Check,
             "--mixed-precision", job.precision, "--optimizer", chosen, "--out", str(out),
         ]  # fmt: skip
         env = {**check.env, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        # the threads acc-train's launcher gives its one worker where the user set none (launcher.launch)
+        env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
         t0 = time.monotonic()
         proc = check.run(cmd, timeout, env=env)
         if proc.returncode != 0:

@@ -56,8 +56,11 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"proc": proc, "out": out, "results": results, "rows": {r["name"]: r for r in results["rows"]}, "seconds": time.monotonic() - t0}
 
 
-def row_errors(rehearsal: dict) -> dict[str, str | None]:
-    return {name: row.get("error") for name, row in rehearsal["rows"].items()}
+def row_errors(rehearsal: dict) -> str:
+    """Each failed row's error in full, then the end of the check's log: an assertion's message as a
+    string, which pytest prints whole (another object it shortens to a line)."""
+    errors = "\n".join(f"{name}: {row.get('error')}" for name, row in rehearsal["rows"].items() if row.get("error"))
+    return f"row errors:\n{errors or '(none)'}\n--- check.log's end ---\n{log_tail(rehearsal)}"
 
 
 def log_tail(rehearsal: dict, chars: int = 4000) -> str:
@@ -75,7 +78,7 @@ def test_the_rehearsal_writes_every_row_and_its_files(rehearsal: dict) -> None:
         assert (rehearsal["out"] / name).is_file(), name
     md = (rehearsal["out"] / "results.md").read_text()
     assert all(f"\n{name} | " in md for name in CORE_ROWS)
-    assert "ddp against the hand-written loop" in md, (md, row_errors(rehearsal))
+    assert "ddp against the hand-written loop" in md, f"{md}\n{row_errors(rehearsal)}"
 
 
 @pytest.mark.launch
@@ -83,12 +86,12 @@ def test_the_rehearsal_writes_every_row_and_its_files(rehearsal: dict) -> None:
 def test_every_row_trains_and_reports_throughput_memory_and_loss(rehearsal: dict) -> None:
     rows = rehearsal["rows"]
     for name in ("ddp", "fsdp", "zero3"):
-        assert rows[name]["error"] is None, (name, rows[name]["error"], rehearsal["proc"].stdout[-3000:])
+        assert rows[name]["error"] is None, f"{name}: {row_errors(rehearsal)}"
         assert rows[name]["device"] == "cpu"
         assert rows[name]["plan_bytes"] > 0  # acc-train plan's estimate for the same job, beside the run
     for name in CORE_ROWS:
         row = rows[name]
-        assert row["error"] is None, (name, row["error"], log_tail(rehearsal))
+        assert row["error"] is None, f"{name}: {row_errors(rehearsal)}"
         assert row["tokens_per_s"] > 0 and row["peak_memory_bytes"] > 0 and row["seconds"] > 0, name
         assert row["step_time_s"] > 0, name
     distributed = {name: rows[name]["distributed_type"] for name in ("ddp", "fsdp", "zero3")}
@@ -101,7 +104,7 @@ def test_the_rows_train_the_same_job(rehearsal: dict) -> None:
     """Same model, seed, batches and schedule: acc-train under each strategy and the hand-written
     loop end at the same loss (fp32, one process)."""
     losses = {name: rehearsal["rows"][name]["loss"] for name in CORE_ROWS}
-    assert all(isinstance(v, float) for v in losses.values()), (losses, row_errors(rehearsal))
+    assert all(isinstance(v, float) for v in losses.values()), f"{losses}\n{row_errors(rehearsal)}"
     assert max(losses.values()) - min(losses.values()) < 1e-3, losses
 
 
@@ -113,7 +116,7 @@ def test_mfu_is_reported_or_its_absence_is_the_rows_error(rehearsal: dict) -> No
     rows, proc = rehearsal["rows"], rehearsal["proc"]
     if has_mfu_module():
         for name in CORE_ROWS:
-            assert rows[name]["error"] is None, (name, rows[name]["error"])
+            assert rows[name]["error"] is None, f"{name}: {row_errors(rehearsal)}"
             assert 0 < rows[name]["mfu"] < 1, (name, rows[name])
         assert proc.returncode == 0, proc.stdout[-3000:]
     else:
@@ -132,7 +135,7 @@ def test_a_failing_or_overrunning_row_loses_nothing_else(tmp_path: Path, monkeyp
         raise check.RowFailed("boom")
 
     def hangs(c, timeout):
-        c.run([sys.executable, "-c", "import time\ndef waiting_for_nothing():\n    time.sleep(60)\nwaiting_for_nothing()"], 1)
+        c.run([sys.executable, "-c", "import time\ndef waiting_for_nothing():\n    time.sleep(60)\nprint('about to wait', flush=True)\nwaiting_for_nothing()"], 2)
 
     def buggy(c, timeout):
         return {}["missing"]
@@ -149,6 +152,8 @@ def test_a_failing_or_overrunning_row_loses_nothing_else(tmp_path: Path, monkeyp
     got = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
     assert got["fails"]["error"] == "boom"
     assert got["hangs"]["error"].startswith("timed out after")
+    # where it hung, in the row's own error: the innermost frame and the last line it printed
+    assert "waiting_for_nothing" in got["hangs"]["error"] and "about to wait" in got["hangs"]["error"], got["hangs"]["error"]
     assert got["buggy"]["error"].startswith("KeyError in the check")
     assert got["works"]["error"] is None and got["works"]["tokens_per_s"] == 123.0
     assert set(got["works"]) >= set(check.FIELDS)
