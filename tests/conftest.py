@@ -46,6 +46,25 @@ CLUSTER_VARS = [
 ]  # fmt: skip
 
 
+def torch_extensions_dir() -> str:
+    """torch's own folder for extension builds, as it picks it with the user's cache: DeepSpeed's
+    CPU ops (shm comm, about 50 s to compile on 2 cores) are compiled there once per machine,
+    where the suite's own XDG_CACHE_HOME would have every xdist worker compile them again."""
+    import torch
+
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    cuda = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
+    return str(Path.home() / ".cache" / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{cuda}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_torch_extensions() -> None:
+    """Set for the whole session, before any module's shared launch (torch locks a build, so the
+    workers share one)."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
+
+
 @pytest.fixture(autouse=True)
 def _no_user_default_config(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`acc-train` reads the file `acc-train config` saved when no --config is given; a tester's

@@ -30,23 +30,11 @@ def has_mfu_module() -> bool:
     return importlib.util.find_spec("acc_train.mfu") is not None
 
 
-def torch_extensions_dir() -> str:
-    """torch's own folder for extension builds, as it picks it with the user's cache: DeepSpeed's
-    CPU ops (shm comm) are compiled there once per machine, where the suite's XDG_CACHE_HOME
-    (conftest) would have every test session compile them again (over a minute)."""
-    import torch
-
-    if os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return os.environ["TORCH_EXTENSIONS_DIR"]
-    cuda = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
-    return str(Path.home() / ".cache" / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{cuda}")
-
-
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One rehearsal of the four rows every lent session must bring back."""
     out = tmp_path_factory.mktemp("device-check")
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": torch_extensions_dir()}
+    env = dict(os.environ)  # TORCH_EXTENSIONS_DIR: the machine's, shared (conftest)
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(CHECK), "--rehearse", "--out", str(out), "--rows", ",".join(CORE_ROWS)],
