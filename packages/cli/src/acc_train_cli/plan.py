@@ -176,6 +176,8 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
     if mesh is not None:
         variant = resolve_strategy("fsdp", {"version": 2, **mesh})
         sizes = variant.mesh_sizes(inp.world_size)  # refuses a mesh that does not fit the world
+        variant.check_job(cfg)  # what the run would refuse: a sequence length cp cannot cut,
+        variant.check_model(shape.model)  # heads tp does not divide
         inner = "".join(f",{n}={sizes[n]}" for n in ("cp", "tp") if n in sizes)
         add(f"fsdp2 mesh replicate={sizes['dp_replicate']},shard={sizes['dp_shard']}{inner}", variant, False)
     return {
@@ -281,10 +283,22 @@ def _print_table(data: dict[str, Any]) -> None:
     help="Also print the tokens/s the job trains at this model FLOPs utilization, e.g. 0.4 (0 < MFU <= 1).",
 )
 @click.option("--device", "device", metavar="NAME", help="With --mfu: the GPU to plan for, by name (H100, A100, H200, MI300X...); default: this machine's.")
+@click.option(
+    "--simulate", is_flag=True,
+    help="Also rehearse one step at the target world size on this CPU (fake process group, fake tensors, torch's memory trackers) and set it beside the plan.",
+)
+@click.option("--strategies", "strategy_names", metavar="NAME,...", help="With --simulate: the strategies and presets to simulate (default: the job's own, plus --mesh).")
+@click.option(
+    "--device-memory", "device_memory", metavar="SIZE|CARD",
+    help="With --simulate: refuse (exit 2) a step whose simulated peak does not fit this much device memory, e.g. 80GiB or H100.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (bytes).")
 @click.pass_context
 @user_errors
-def plan(ctx: click.Context, model: str | None, as_json: bool, mesh: str | None, mfu: float | None, device: str | None, **params: Any) -> None:
+def plan(
+    ctx: click.Context, model: str | None, as_json: bool, mesh: str | None, mfu: float | None, device: str | None,
+    simulate: bool, strategy_names: str | None, device_memory: str | None, **params: Any,
+) -> None:
     """Per-rank memory of the job under every installed strategy and preset, before running it.
 
     Parameters, gradients, optimizer state (each strategy's own accounting, exact for what
@@ -299,15 +313,38 @@ def plan(ctx: click.Context, model: str | None, as_json: bool, mesh: str | None,
       acc-train plan --num-processes 8 --mesh replicate=2,shard=4
       acc-train plan --num-processes 8 --mixed-precision bf16 --mfu 0.4 --device H100
     """
-    model_flag = {"model.name_or_path": (model, "--model")} if model is not None else {}
-    job = resolve_job(merge_parent_params(ctx, params), model_flag)
+    merged = merge_parent_params(ctx, params)
+    flags = {"model.name_or_path": (model, "--model")} if model is not None else {}
+    if (merged.get("num_machines") or 1) > 1 and not merged.get("main_process_ip"):
+        # a plan is no rendezvous: machine 0's address matters to the launch alone
+        flags["launch.main_process_ip"] = ("127.0.0.1", "plan (no rendezvous)")
+    job = resolve_job(merged, flags)
     report_plugin_failures()
     _check_model_path(job.config.model.name_or_path)
     if device is not None and mfu is None:
         raise click.UsageError("--device only says what --mfu is measured against: give --mfu too")
-    data = build_plan(job, parse_mesh(mesh) if mesh is not None else None, mfu, device)
+    if (strategy_names is not None or device_memory is not None) and not simulate:
+        raise click.UsageError("--strategies and --device-memory choose what --simulate rehearses: give --simulate too")
+    mesh_dims = parse_mesh(mesh) if mesh is not None else None
+    memory = None
+    if device_memory is not None:
+        from acc_train_cli.simulate_cmd import device_memory_bytes
+
+        memory = device_memory_bytes(device_memory)
+    data = build_plan(job, mesh_dims, mfu, device)
+    if simulate:
+        from acc_train_cli.simulate_cmd import check_fits, print_simulation, simulate_plan
+
+        entries = simulate_plan(job, data, strategy_names, mesh_dims)
+        data["strategies"] = [{k: v for k, v in e.items() if k != "plan"} | {"plan": {"device_total_bytes": e["plan"]["device_total_bytes"]}} for e in entries]
+        if memory is not None:
+            data["device_memory_bytes"] = memory[0]
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
         _print_table(data)
+        if simulate:
+            print_simulation(entries, memory)
     sys.stdout.flush()
+    if simulate and memory is not None:
+        check_fits(entries, memory)

@@ -148,6 +148,8 @@ class ModelShape:
     attention_dropout: float = 0.0
     #: the model's transformers config (for FLOPs per token), not compared
     config: Any = field(default=None, compare=False, repr=False)
+    #: the model itself, on the meta device (for a strategy's ``check_model``), not compared
+    model: Any = field(default=None, compare=False, repr=False)
 
 
 def _first(config: Any, *names: str) -> int | None:
@@ -179,6 +181,7 @@ def model_shape(config: JobConfig) -> ModelShape:
         attn_implementation=attn,
         attention_dropout=float(getattr(mcfg, "attention_dropout", 0.0) or 0.0),
         config=mcfg,
+        model=model,
     )
 
 

@@ -1,0 +1,212 @@
+"""One rank of the target world, simulated in this process: the job's model built at full size
+from fake tensors, the strategy applied through the Accelerator a run builds, two optimizer
+steps of the job's shape, measured by torch's memory trackers.
+
+Two steps, because the optimizer allocates its state in the first: a run's peak is reached from
+the second on, with the optimizer state, the gradients and the activations all held. The
+trackers measure the second alone (one iteration each, as they are made for), and the
+collectives are counted over it.
+
+The optimizer step is counted at its end (parameters, gradients and the whole state held), not
+while it runs: under fake tensors a fused or multi-tensor step is counted as a new copy of every
+tensor it updates in place (AdamW fused on a 7B model: 5 times its state), and even a
+parameter-by-parameter step leaves temporaries behind, where the fused AdamW a GPU run uses
+(``optimizer.name: adamw``) updates in place and allocates nothing more. It steps parameter by
+parameter here (``foreach`` and ``fused`` off), which needs no multi-tensor kernel on fake tensors.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from acc_train.config import ResolvedJob
+
+__all__ = ["simulate_rank", "PARTS"]
+
+#: what each of the trackers' categories is, in the report's terms
+PARTS = {
+    "Sharded Param": "parameters", "Parameter": "parameters", "Buffer": "parameters",
+    "Sharded Grad": "gradients", "Unsharded Grad": "gradients", "Gradient": "gradients",
+    "OptState": "optimizer", "Optstate": "optimizer",
+    "Activation": "activations",
+    "Unsharded Param": "other", "All Gather": "other", "Reduce Scatter": "other", "Temp": "other", "Inputs": "other", "Other": "other",
+}  # fmt: skip
+
+#: the device the job runs on in the cluster: the optimizer is built as there (AdamW fused on CUDA)
+TARGET_DEVICE = "cuda"
+
+
+def _build_model(job: ResolvedJob) -> Any:
+    """The job's model at full size, from its config alone (fake tensors: its weights are never
+    read), in ``model.dtype``, checkpointed and with LoRA as a run sets them."""
+    import transformers
+
+    from acc_train.adapters import apply_lora
+    from acc_train.model import enable_gradient_checkpointing, model_config, training_dtype
+
+    cfg = job.config
+    mcfg = model_config(cfg)
+    if cfg.model.attn_implementation:
+        mcfg._attn_implementation = cfg.model.attn_implementation
+    model = transformers.AutoModelForCausalLM.from_config(mcfg, dtype=training_dtype(cfg.model), trust_remote_code=cfg.model.trust_remote_code)
+    if cfg.training.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    if cfg.model.lora is not None:
+        model = apply_lora(model, cfg)
+    return model
+
+
+def _optimizer(model: Any, job: ResolvedJob) -> Any:
+    """The job's optimizer with the loop's parameter groups, built as on the target device."""
+    import torch
+
+    from acc_train.config.optimizer import optimizer_kind
+
+    cfg = job.config.optimizer
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizer = optimizer_kind(cfg.name).build(groups, cfg, torch.device(TARGET_DEVICE))
+    for group in optimizer.param_groups:  # see the module's docstring
+        for key in ("foreach", "fused"):
+            if key in group:
+                group[key] = False
+    return optimizer
+
+
+def _state_bytes(optimizer: Any) -> int:
+    """The optimizer state this rank holds (a DTensor's local shard)."""
+    import torch
+
+    inner = getattr(optimizer, "optimizer", optimizer)
+    total = 0
+    for state in inner.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                local = value.to_local() if hasattr(value, "to_local") else value
+                total += local.numel() * local.element_size()
+    return total
+
+
+def _batch(job: ResolvedJob, vocab: int) -> dict[str, Any]:
+    import torch
+
+    b, s = job.config.training.micro_batch_size, job.config.data.seq_len
+    ids = torch.randint(0, vocab, (b, s))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+class _PeakWhere:
+    """The peak as the tracker's current snapshots reach it, with where it was reached: the
+    innermost module running, and the phase. (Its own peak snapshot is not read: it can mix
+    categories of different moments.)"""
+
+    def __init__(self, tracker: Any) -> None:
+        self.module: str | None = None
+        self.phase = "forward"
+        self.in_optimizer = False
+        self.step_done = False
+        self.snapshot: dict[str, int] = {}
+        update = tracker._update_peak_stats
+
+        def record(state: Any) -> None:
+            update(state)
+            if self.in_optimizer and not self.step_done:
+                return  # counted at the step's end (the module's docstring)
+            current = next(iter(tracker.get_tracker_snapshot("current").values()), {})
+            if current.get("Total", 0) > self.snapshot.get("Total", 0):
+                self.snapshot = {str(getattr(k, "value", k)): int(v) for k, v in current.items()}
+                parents = [p for p in tracker._mod_tracker.parents if p != "Global"]
+                self.module = max(parents, key=lambda p: p.count("."), default=None)
+                self.phase = "optimizer step" if self.in_optimizer else "backward" if tracker._mod_tracker.is_bw else "forward"
+
+        tracker._update_peak_stats = record
+        self.record = lambda: record("optimizer step")
+
+
+def _tracker(model: Any, optimizer: Any) -> tuple[Any, str]:
+    from torch.distributed.fsdp import FSDPModule
+
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if isinstance(model, FSDPModule):
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        return FSDPMemTracker(model, inner), "FSDPMemTracker"
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, inner)
+    return tracker, "MemTracker"
+
+
+def simulate_rank(job: ResolvedJob, rank: int, world_size: int, local_world_size: int) -> dict[str, Any]:
+    """Simulate ``rank`` of the job's world: its peak and the parts of it, where it was reached,
+    the collectives of one step, and what the simulation cost (seconds, this process's RSS)."""
+    start = time.perf_counter()
+    from acc_train.simulate.collectives import CollectiveCounter
+    from acc_train.simulate.world import fake_world
+
+    with fake_world(rank, world_size, local_world_size) as reads:
+        from acc_train.accelerator import Accelerator
+
+        t_cfg = job.config.training
+        accelerator = Accelerator(strategy=job.strategy, job=job, mixed_precision=t_cfg.mixed_precision)
+        model = _build_model(job)
+        optimizer = _optimizer(model, job)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        vocab = accelerator.unwrap_model(model).config.vocab_size
+
+        def step() -> None:
+            loss = model(**_batch(job, vocab)).loss
+            accelerator.backward(loss)
+            if t_cfg.max_grad_norm:
+                accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        step()  # the first step allocates the optimizer state (the module's docstring)
+        tracker, tracker_name = _tracker(model, optimizer)
+        where = _PeakWhere(tracker)
+        counter = CollectiveCounter()
+        with tracker:  # its own optimizer hooks first: the state is tracked as such when ours run
+            inner = getattr(optimizer, "optimizer", optimizer)
+
+            def step_pre(*_: Any) -> None:
+                where.in_optimizer = True
+
+            def step_post(*_: Any) -> None:  # the state now held in full, the gradients not yet freed
+                where.step_done = True
+                where.record()
+                where.in_optimizer = where.step_done = False
+
+            hooks = [inner.register_step_pre_hook(step_pre), inner.register_step_post_hook(step_post)]
+            with counter.mode:
+                step()
+            for hook in hooks:
+                hook.remove()
+    snapshot = where.snapshot
+    tracked = {name: value for name, value in snapshot.items() if name != "Total" and value}
+    parts = {"parameters": 0, "gradients": 0, "optimizer": 0, "activations": 0, "other": 0}
+    for name, value in tracked.items():
+        parts[PARTS.get(name, "other")] += value
+    state = _state_bytes(optimizer)
+    if parts["optimizer"] > state:  # the step's temporaries, counted as optimizer state by the tracker
+        parts["other"] += parts["optimizer"] - state
+        parts["optimizer"] = state
+    return {
+        "rank": rank,
+        "peak_bytes": int(snapshot.get("Total", 0)),
+        **{f"{part}_bytes": value for part, value in parts.items()},
+        "tracked": tracked,
+        "tracker": tracker_name,
+        "at": {"module": where.module, "phase": where.phase},
+        "collectives": counter.summary(),
+        "host_reads_answered": reads.count,
+        "seconds": round(time.perf_counter() - start, 2),
+        "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
