@@ -16,16 +16,9 @@ import click
 
 from acc_train_cli.errors import report_plugin_failures, user_errors
 from acc_train_cli.job import merge_parent_params, resolve_job
+from acc_train_cli.units import human_bytes
 
 __all__ = ["build_plan", "human_bytes", "plan"]
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _check_model_path(name: str | None) -> None:

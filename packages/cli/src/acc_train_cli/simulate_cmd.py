@@ -125,7 +125,7 @@ def _pct(simulated: float, planned: float | None) -> str:
 
 
 def print_simulation(entries: list[dict[str, Any]], device: tuple[int, str] | None) -> None:
-    from acc_train_cli.plan import human_bytes
+    from acc_train_cli.units import human_bytes
 
     click.echo("\nsimulated (per rank, the largest rank kind) beside the plan; diff = (simulated - plan) / plan")
     head = ("strategy", "part", "simulated", "plan", "diff")
@@ -170,7 +170,7 @@ def print_simulation(entries: list[dict[str, Any]], device: tuple[int, str] | No
 def check_fits(entries: list[dict[str, Any]], device: tuple[int, str]) -> None:
     """A simulated peak above the device's memory is the run's out-of-memory, refused here."""
     from acc_train.errors import UserError
-    from acc_train_cli.plan import human_bytes
+    from acc_train_cli.units import human_bytes
 
     over = [e for e in entries if e["simulated"] is not None and e["simulated"]["peak_bytes"] > device[0]]
     if over:

@@ -229,6 +229,14 @@ class Strategy(ABC, Generic[OptionsT]):
 
         return replicated(plan)
 
+    def memory_tracker(self, model: Any, optimizer: Any) -> Any | None:
+        """The torch memory tracker (``torch.distributed._tools``) that measures a step of
+        ``model`` as this strategy prepared it, with the torch ``optimizer``, for ``acc-train
+        plan --simulate``; None: ``MemTracker`` over the model and the optimizer, which suits a
+        strategy whose parameters are the model's own. FSDP2 answers ``FSDPMemTracker``, which
+        tells sharded from gathered parameters and the all-gather and reduce-scatter buffers."""
+        return None
+
     def parameter_shards(self, machine: Machine) -> int:
         """Into how many parts this strategy, with these options, splits the model's parameters
         across the ranks of ``machine``: 1 where every rank holds them whole (DDP, ZeRO-1/2),

@@ -537,6 +537,16 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         walk(grid, [])
         return {"shape": dict(zip(names, mesh.mesh.shape)), "coordinates": coordinates}
 
+    def memory_tracker(self, model: Any, optimizer: Any) -> Any | None:
+        """``FSDPMemTracker`` for a model ``fully_shard`` prepared (FSDP2); the default otherwise."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(model, FSDPModule):
+            return None
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        return FSDPMemTracker(model, optimizer)
+
     def parameter_shards(self, machine: Machine) -> int:
         """The world size; the processes per machine under hybrid sharding; ``dp_shard`` x ``cp``
         x ``tp`` on a mesh (FSDP shards over dp_shard x cp); 1 under no_shard."""

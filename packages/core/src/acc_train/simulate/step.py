@@ -129,14 +129,19 @@ class _PeakWhere:
         self.record = lambda: record("optimizer step")
 
 
-def _tracker(model: Any, optimizer: Any) -> tuple[Any, str]:
-    from torch.distributed.fsdp import FSDPModule
+def _tracker(strategy: Any, model: Any, optimizer: Any) -> tuple[Any, str]:
+    """The strategy's own tracker (``Strategy.memory_tracker``), or torch's ``MemTracker``."""
+    import torch
 
     inner = getattr(optimizer, "optimizer", optimizer)
-    if isinstance(model, FSDPModule):
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-        return FSDPMemTracker(model, inner), "FSDPMemTracker"
+    if not isinstance(inner, torch.optim.Optimizer):  # DeepSpeed's ZeRO optimizers
+        raise NotImplementedError(
+            f"torch's memory trackers take a torch optimizer, and {type(inner).__name__} keeps its partitions in flat buffers of "
+            "its own, which the simulation does not attribute to parameters, gradients and optimizer state yet"
+        )
+    own = strategy.memory_tracker(model, inner)
+    if own is not None:
+        return own, type(own).__name__
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
@@ -158,7 +163,10 @@ def simulate_rank(job: ResolvedJob, rank: int, world_size: int, local_world_size
         accelerator = Accelerator(strategy=job.strategy, job=job, mixed_precision=t_cfg.mixed_precision)
         model = _build_model(job)
         optimizer = _optimizer(model, job)
-        model, optimizer = accelerator.prepare(model, optimizer)
+        # an empty loader of the job's micro-batch, as the loop's stand-in: a strategy may read the size from it
+        from torch.utils.data import DataLoader
+
+        model, optimizer, _ = accelerator.prepare(model, optimizer, DataLoader([], batch_size=t_cfg.micro_batch_size))
         vocab = accelerator.unwrap_model(model).config.vocab_size
 
         def step() -> None:
@@ -170,7 +178,7 @@ def simulate_rank(job: ResolvedJob, rank: int, world_size: int, local_world_size
             optimizer.zero_grad(set_to_none=True)
 
         step()  # the first step allocates the optimizer state (the module's docstring)
-        tracker, tracker_name = _tracker(model, optimizer)
+        tracker, tracker_name = _tracker(job.strategy, model, optimizer)
         where = _PeakWhere(tracker)
         counter = CollectiveCounter()
         with tracker:  # its own optimizer hooks first: the state is tracked as such when ours run

@@ -38,9 +38,6 @@ def _env(rank: int, world_size: int, local_world_size: int) -> dict[str, str]:
         "MASTER_ADDR": "127.0.0.1",  # never reached: the fake group has no rendezvous
         "MASTER_PORT": "29500",
         "ACCELERATE_USE_CPU": "1",
-        # the libraries' own switches, unset as on a fresh cluster node
-        "ACCELERATE_USE_FSDP": "",
-        "ACCELERATE_USE_DEEPSPEED": "",
     }
 
 
@@ -90,11 +87,7 @@ def fake_world(rank: int, world_size: int, local_world_size: int) -> Iterator[Sc
     from torch.distributed.device_mesh import DeviceMesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    for key, value in _env(rank, world_size, local_world_size).items():
-        if value:
-            os.environ[key] = value
-        else:
-            os.environ.pop(key, None)
+    os.environ.update(_env(rank, world_size, local_world_size))
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
 
     mesh_init = DeviceMesh.__init__
