@@ -231,9 +231,10 @@ class Strategy(ABC, Generic[OptionsT]):
 
     def memory_tracker(self, model: Any, optimizer: Any) -> Any | None:
         """The torch memory tracker (``torch.distributed._tools``) that measures a step of
-        ``model`` as this strategy prepared it, with the torch ``optimizer``, for ``acc-train
-        plan --simulate``; None: ``MemTracker`` over the model and the optimizer, which suits a
-        strategy whose parameters are the model's own. FSDP2 answers ``FSDPMemTracker``, which
+        ``model`` and ``optimizer`` as ``prepare`` returned them (Accelerate's optimizer wrapper),
+        for ``acc-train plan --simulate``; None: ``MemTracker`` over the model and the torch
+        optimizer, which suits a strategy whose parameters and optimizer state are the model's
+        and the torch optimizer's own (a strategy keeping state elsewhere must count it here). FSDP2 answers ``FSDPMemTracker``, which
         tells sharded from gathered parameters and the all-gather and reduce-scatter buffers."""
         return None
 

@@ -545,7 +545,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             return None
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-        return FSDPMemTracker(model, optimizer)
+        return FSDPMemTracker(model, getattr(optimizer, "optimizer", optimizer))  # the torch optimizer inside Accelerate's wrapper
 
     def parameter_shards(self, machine: Machine) -> int:
         """The world size; the processes per machine under hybrid sharding; ``dp_shard`` x ``cp``

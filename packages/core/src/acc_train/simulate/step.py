@@ -79,20 +79,6 @@ def _optimizer(model: Any, job: ResolvedJob) -> Any:
     return optimizer
 
 
-def _state_bytes(optimizer: Any) -> int:
-    """The optimizer state this rank holds (a DTensor's local shard)."""
-    import torch
-
-    inner = getattr(optimizer, "optimizer", optimizer)
-    total = 0
-    for state in inner.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                local = value.to_local() if hasattr(value, "to_local") else value
-                total += local.numel() * local.element_size()
-    return total
-
-
 def _batch(job: ResolvedJob, vocab: int) -> dict[str, Any]:
     import torch
 
@@ -129,19 +115,27 @@ class _PeakWhere:
         self.record = lambda: record("optimizer step")
 
 
-def _tracker(strategy: Any, model: Any, optimizer: Any) -> tuple[Any, str]:
-    """The strategy's own tracker (``Strategy.memory_tracker``), or torch's ``MemTracker``."""
+def torch_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside a prepared one (Accelerate's wrapper; DeepSpeed's ZeRO
+    optimizer, which steps a torch optimizer over its flat partitions), or None."""
     import torch
 
-    inner = getattr(optimizer, "optimizer", optimizer)
-    if not isinstance(inner, torch.optim.Optimizer):  # DeepSpeed's ZeRO optimizers
-        raise NotImplementedError(
-            f"torch's memory trackers take a torch optimizer, and {type(inner).__name__} keeps its partitions in flat buffers of "
-            "its own, which the simulation does not attribute to parameters, gradients and optimizer state yet"
-        )
-    own = strategy.memory_tracker(model, inner)
+    while getattr(optimizer, "optimizer", None) is not None:  # (Accelerate's wrapper subclasses Optimizer)
+        optimizer = optimizer.optimizer
+    return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
+
+
+def _tracker(strategy: Any, model: Any, optimizer: Any) -> tuple[Any, str]:
+    """The strategy's own tracker (``Strategy.memory_tracker``), or torch's ``MemTracker``."""
+    own = strategy.memory_tracker(model, optimizer)
     if own is not None:
         return own, type(own).__name__
+    inner = torch_optimizer(optimizer)
+    if inner is None or getattr(getattr(optimizer, "optimizer", optimizer), "optimizer", None) is not None:
+        raise NotImplementedError(
+            f"torch's MemTracker takes a torch optimizer, and {type(getattr(optimizer, 'optimizer', optimizer)).__name__} keeps "
+            "state of its own beside it; the strategy names no tracker that counts it (Strategy.memory_tracker)"
+        )
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
@@ -182,7 +176,7 @@ def simulate_rank(job: ResolvedJob, rank: int, world_size: int, local_world_size
         where = _PeakWhere(tracker)
         counter = CollectiveCounter()
         with tracker:  # its own optimizer hooks first: the state is tracked as such when ours run
-            inner = getattr(optimizer, "optimizer", optimizer)
+            inner = torch_optimizer(optimizer)
 
             def step_pre(*_: Any) -> None:
                 where.in_optimizer = True
@@ -202,10 +196,6 @@ def simulate_rank(job: ResolvedJob, rank: int, world_size: int, local_world_size
     parts = {"parameters": 0, "gradients": 0, "optimizer": 0, "activations": 0, "other": 0}
     for name, value in tracked.items():
         parts[PARTS.get(name, "other")] += value
-    state = _state_bytes(optimizer)
-    if parts["optimizer"] > state:  # the step's temporaries, counted as optimizer state by the tracker
-        parts["other"] += parts["optimizer"] - state
-        parts["optimizer"] = state
     return {
         "rank": rank,
         "peak_bytes": int(snapshot.get("Total", 0)),
