@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from acc_train.config import ResolvedJob
 
-__all__ = ["simulate_rank", "PARTS"]
+__all__ = ["simulate_rank", "measure_step", "torch_optimizer", "PARTS"]
 
 #: what each of the trackers' categories is, in the report's terms
 PARTS = {
@@ -147,64 +147,75 @@ def simulate_rank(job: ResolvedJob, rank: int, world_size: int, local_world_size
     """Simulate ``rank`` of the job's world: its peak and the parts of it, where it was reached,
     the collectives of one step, and what the simulation cost (seconds, this process's RSS)."""
     start = time.perf_counter()
-    from acc_train.simulate.collectives import CollectiveCounter
     from acc_train.simulate.world import fake_world
 
     with fake_world(rank, world_size, local_world_size) as reads:
-        from acc_train.accelerator import Accelerator
+        result = measure_step(job)
+    return {
+        "rank": rank,
+        **result,
+        "host_reads_answered": reads.count,
+        "seconds": round(time.perf_counter() - start, 2),
+        "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
 
-        t_cfg = job.config.training
-        accelerator = Accelerator(strategy=job.strategy, job=job, mixed_precision=t_cfg.mixed_precision)
-        model = _build_model(job)
-        optimizer = _optimizer(model, job)
-        # an empty loader of the job's micro-batch, as the loop's stand-in: a strategy may read the size from it
-        from torch.utils.data import DataLoader
 
-        model, optimizer, _ = accelerator.prepare(model, optimizer, DataLoader([], batch_size=t_cfg.micro_batch_size))
-        vocab = accelerator.unwrap_model(model).config.vocab_size
+def measure_step(job: ResolvedJob) -> dict[str, Any]:
+    """Two steps of the job's shape in this process's world, the second measured: under
+    :func:`acc_train.simulate.world.fake_world` the simulation; in a real process group of real
+    tensors (launched by torchrun, ``bench/bench_simulate.py``) what the simulation is held to,
+    by the same trackers. Random token ids; the figures are bytes of this rank."""
+    from torch.utils.data import DataLoader
 
-        def step() -> None:
-            loss = model(**_batch(job, vocab)).loss
-            accelerator.backward(loss)
-            if t_cfg.max_grad_norm:
-                accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    from acc_train.accelerator import Accelerator
+    from acc_train.simulate.collectives import CollectiveCounter
 
-        step()  # the first step allocates the optimizer state (the module's docstring)
-        tracker, tracker_name = _tracker(job.strategy, model, optimizer)
-        where = _PeakWhere(tracker)
-        counter = CollectiveCounter()
-        with tracker:  # its own optimizer hooks first: the state is tracked as such when ours run
-            inner = torch_optimizer(optimizer)
+    t_cfg = job.config.training
+    accelerator = Accelerator(strategy=job.strategy, job=job, mixed_precision=t_cfg.mixed_precision)
+    model = _build_model(job)
+    optimizer = _optimizer(model, job)
+    # an empty loader of the job's micro-batch, as the loop's stand-in: a strategy may read the size from it
+    model, optimizer, _ = accelerator.prepare(model, optimizer, DataLoader([], batch_size=t_cfg.micro_batch_size))
+    vocab = accelerator.unwrap_model(model).config.vocab_size
 
-            def step_pre(*_: Any) -> None:
-                where.in_optimizer = True
+    def step() -> None:
+        loss = model(**_batch(job, vocab)).loss
+        accelerator.backward(loss)
+        if t_cfg.max_grad_norm:
+            accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
-            def step_post(*_: Any) -> None:  # the state now held in full, the gradients not yet freed
-                where.step_done = True
-                where.record()
-                where.in_optimizer = where.step_done = False
+    step()  # the first step allocates the optimizer state (the module's docstring)
+    tracker, tracker_name = _tracker(job.strategy, model, optimizer)
+    where = _PeakWhere(tracker)
+    counter = CollectiveCounter()
+    with tracker:  # its own optimizer hooks first: the state is tracked as such when ours run
+        inner = torch_optimizer(optimizer)
 
-            hooks = [inner.register_step_pre_hook(step_pre), inner.register_step_post_hook(step_post)]
-            with counter.mode:
-                step()
-            for hook in hooks:
-                hook.remove()
+        def step_pre(*_: Any) -> None:
+            where.in_optimizer = True
+
+        def step_post(*_: Any) -> None:  # the state now held in full, the gradients not yet freed
+            where.step_done = True
+            where.record()
+            where.in_optimizer = where.step_done = False
+
+        hooks = [inner.register_step_pre_hook(step_pre), inner.register_step_post_hook(step_post)]
+        with counter.mode:
+            step()
+        for hook in hooks:
+            hook.remove()
     snapshot = where.snapshot
     tracked = {name: value for name, value in snapshot.items() if name != "Total" and value}
     parts = {"parameters": 0, "gradients": 0, "optimizer": 0, "activations": 0, "other": 0}
     for name, value in tracked.items():
         parts[PARTS.get(name, "other")] += value
     return {
-        "rank": rank,
         "peak_bytes": int(snapshot.get("Total", 0)),
         **{f"{part}_bytes": value for part, value in parts.items()},
         "tracked": tracked,
         "tracker": tracker_name,
         "at": {"module": where.module, "phase": where.phase},
         "collectives": counter.summary(),
-        "host_reads_answered": reads.count,
-        "seconds": round(time.perf_counter() - start, 2),
-        "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
