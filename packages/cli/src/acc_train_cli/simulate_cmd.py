@@ -55,9 +55,11 @@ def _strategy_list(job: Any, names: str | None, mesh: dict[str, int] | None) -> 
                 out.append((name, job.strategy))
             else:
                 out.append((name, resolve_strategy(name, {})))
-    if mesh is not None:
+    if mesh is not None:  # labelled as the plan's row for it (build_plan)
         variant = resolve_strategy("fsdp", {"version": 2, **mesh})
-        out.append(("fsdp2 mesh " + ",".join(f"{k}={v}" for k, v in mesh.items()), variant))
+        sizes = variant.mesh_sizes((job.config.launch.num_processes or 1) * job.config.launch.num_machines)
+        inner = "".join(f",{n}={sizes[n]}" for n in ("cp", "tp") if n in sizes)
+        out.append((f"fsdp2 mesh replicate={sizes['dp_replicate']},shard={sizes['dp_shard']}{inner}", variant))
     return out
 
 
@@ -91,14 +93,14 @@ def simulate_plan(job: Any, data: dict[str, Any], names: str | None, mesh: dict[
     model = model_shape(cfg).model
     chosen = _strategy_list(job, names, mesh)
     for label, strategy in chosen:  # every refusal before the first simulation
-        _check_for_the_cluster(job_under(job, label, strategy), strategy, model)
+        _check_for_the_cluster(job_under(job, strategy), strategy, model)
     out: list[dict[str, Any]] = []
     for label, strategy in chosen:
         row = next((r for r in data["rows"] if r["label"] == label), None) or next((r for r in data["rows"] if r["job"] and label == cfg.strategy["name"]), None)
         entry: dict[str, Any] = {"name": label, "plan": {"device_total_bytes": row["device_total"] if row else None, "row": row}}
         click.echo(f"simulating {label} at world size {world}...", err=True)
         try:
-            result = simulate_strategy(job_under(job, label, strategy), world, local, timeout)
+            result = simulate_strategy(job_under(job, strategy), world, local, timeout)
         except SimulationFailed as exc:
             entry.update(simulated=None, collectives=None, how=f"not simulated: {exc}; the plan's formula stands for it")
             out.append(entry)

@@ -30,9 +30,9 @@ class SimulationFailed(RuntimeError):
     """The simulation of one strategy stopped: what it printed last says why."""
 
 
-def job_under(job: ResolvedJob, label: str, strategy: Strategy[Any]) -> ResolvedJob:
-    """The job with its strategy replaced by ``strategy`` (selected as ``label``)."""
-    config = job.config.model_copy(update={"strategy": {"name": label, **strategy.options.model_dump(mode="json")}})
+def job_under(job: ResolvedJob, strategy: Strategy[Any]) -> ResolvedJob:
+    """The job with its strategy replaced by ``strategy`` (by its name, with all its options)."""
+    config = job.config.model_copy(update={"strategy": {"name": strategy.name, **strategy.options.model_dump(mode="json")}})
     return dataclasses.replace(job, config=config, strategy=strategy)
 
 
