@@ -118,7 +118,7 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
     nproc = cfg.launch.num_processes or default_num_processes()
     precision = _precision(cfg.training.mixed_precision)
     dtype = "fp32" if cfg.model.dtype == "auto" else cfg.model.dtype  # whatever the checkpoint is stored in
-    inp = PlanInput(shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc, dtype=dtype)
+    inp = PlanInput(shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc, dtype=dtype, largest_layer=shape.largest_layer)
     optimizer_bytes = optimizer_kind(cfg.optimizer.name).state_bytes(cfg.optimizer, inp.param_bytes)  # the job's optimizer
     inp = dataclasses.replace(inp, optimizer_bytes_per_param=optimizer_bytes)
     # LoRA's frozen base: the parameter bytes the strategy holds for that many elements, nothing more
@@ -148,6 +148,7 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
                 "optimizer": mp.optimizer,
                 "frozen": frozen,
                 "model_state": mp.model_state,
+                "buffers": mp.buffers,
                 "activations": act,
                 "activations_recomputed": recompute,
                 "device_total": mp.on_device() + frozen * ("params" not in mp.offload) + (act or 0),
@@ -223,7 +224,7 @@ def _print_table(data: dict[str, Any]) -> None:
         return human_bytes(row[part]) + (f" ({where})" if where else "")
 
     frozen = bool(data.get("frozen_parameters"))
-    head = ("strategy", "params", "grads", "optimizer", *(("frozen base",) if frozen else ()), "activations*", "device total", "offloaded", "model-state formula")
+    head = ("strategy", "params", "grads", "optimizer", *(("frozen base",) if frozen else ()), "buffers", "activations*", "device total", "offloaded", "model-state formula")
     lines = [head]
     for r in data["rows"]:
         lines.append(
@@ -233,6 +234,7 @@ def _print_table(data: dict[str, Any]) -> None:
                 cell(r, "grads"),
                 cell(r, "optimizer"),
                 *((cell({**r, "params": r["frozen"]}, "params"),) if frozen else ()),
+                cell(r, "buffers"),
                 human_bytes(r["activations"]) if r["activations"] is not None else "n/a",
                 human_bytes(r["device_total"]),
                 human_bytes(r["offloaded"]) if r["offloaded"] else "-",
@@ -251,6 +253,8 @@ def _print_table(data: dict[str, Any]) -> None:
             click.echo(f"  {r['label']}: {r['note']}")
     click.echo(f"* {data['activation_formula']}; s = seq_len, b = micro-batch, h = hidden size, a = heads, L = layers, V = vocab.")
     click.echo(f"  This job's attention: {data['attn_implementation']} (c = {data['attention_score_factor']}).")
+    click.echo("  buffers: what a strategy allocates beside the model state to compute and communicate (the gathered block")
+    click.echo("  and its all-gather and reduce-scatter buffers under FSDP; found by `plan --simulate`, BENCHMARKS.md).")
     click.echo("  The activation figure is an estimate, the same under every data-parallel strategy. The model-state figures")
     click.echo("  are each strategy's own accounting, for parameters held in fp32 (model.dtype auto or fp32: whatever the")
     click.echo("  checkpoint is stored in) or pure bf16/fp16; they match what run.json measures (BENCHMARKS.md).")

@@ -142,7 +142,7 @@ def print_simulation(entries: list[dict[str, Any]], device: tuple[int, str] | No
             "gradients": row.get("grads"),
             "optimizer": row.get("optimizer"),
             "activations": row.get("activations"),
-            "other": None,
+            "other": row.get("buffers"),
             "peak": row.get("device_total"),
         }
         for i, part in enumerate(("parameters", "gradients", "optimizer", "activations", "other", "peak")):

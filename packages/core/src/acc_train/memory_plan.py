@@ -57,6 +57,9 @@ class PlanInput:
     #: bytes of optimizer state per trainable parameter element (the optimizer's
     #: ``OptimizerKind.state_bytes``); None: AdamW's two moments in the parameters' dtype
     optimizer_bytes_per_param: float | None = None
+    #: parameter elements of the model's largest block (a transformer layer: the unit a sharding
+    #: strategy gathers at once); 0 where the model names no block class
+    largest_layer: int = 0
 
     @property
     def low_precision(self) -> bool:
@@ -96,6 +99,9 @@ class MemoryPlan:
     note: str = ""
     #: activation checkpointing: activations are recomputed in backward, not stored
     recompute: bool = False
+    #: working buffers on the device beside the model state: parameters gathered for the block
+    #: that computes, communication buffers (:attr:`PlanInput.largest_layer`)
+    buffers: int = 0
     #: how the strategy splits each layer's activations: every rank runs ``1/sequence_split`` of
     #: every row (context parallelism), and ``tensor_split`` ranks share each layer's matrix
     #: products (tensor parallelism, Korthikanti et al.'s t); 1: not split
@@ -107,10 +113,10 @@ class MemoryPlan:
         return self.params + self.grads + self.optimizer
 
     def on_device(self) -> int:
-        return sum(getattr(self, part) for part in ("params", "grads", "optimizer") if part not in self.offload)
+        return sum(getattr(self, part) for part in ("params", "grads", "optimizer", "buffers") if part not in self.offload)
 
     def offloaded(self) -> int:
-        return self.model_state - self.on_device()
+        return self.model_state + self.buffers - self.on_device()
 
 
 def replicated(plan: PlanInput, note: str = "") -> MemoryPlan:
@@ -146,6 +152,9 @@ class ModelShape:
     #: attention dropout: what decides whether attention scores are stored
     attn_implementation: str | None = None
     attention_dropout: float = 0.0
+    #: parameter elements of the largest block (a class in transformers' ``_no_split_modules``:
+    #: the decoder layer), 0 where the model names none
+    largest_layer: int = 0
     #: the model's transformers config (for FLOPs per token), not compared
     config: Any = field(default=None, compare=False, repr=False)
     #: the model itself, on the meta device (for a strategy's ``check_model``), not compared
@@ -170,6 +179,8 @@ def model_shape(config: JobConfig) -> ModelShape:
     attn = config.model.attn_implementation or getattr(built, "_attn_implementation", None) or "sdpa"
     psi = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    blocks = set(getattr(model, "_no_split_modules", None) or getattr(getattr(model, "base_model", None), "_no_split_modules", None) or ())
+    largest = max((sum(p.numel() for p in m.parameters()) for m in model.modules() if type(m).__name__ in blocks), default=0)
     return ModelShape(
         name=config.model.name_or_path or "demo (Llama, byte-level)",
         parameters=psi,
@@ -178,6 +189,7 @@ def model_shape(config: JobConfig) -> ModelShape:
         heads=_first(mcfg, "num_attention_heads", "n_head", "num_heads"),
         vocab=_first(mcfg, "vocab_size"),
         frozen=frozen,
+        largest_layer=largest,
         attn_implementation=attn,
         attention_dropout=float(getattr(mcfg, "attention_dropout", 0.0) or 0.0),
         config=mcfg,

@@ -613,6 +613,18 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         if options.cpu_offload:
             notes.append("offload: parameters, gradients and optimizer steps in CPU memory")
         split = {"sequence_split": mesh.get("cp", 1), "tensor_split": mesh.get("tp", 1)} if mesh is not None else {}
+        # the block that computes, gathered in the compute dtype, its all-gather buffer and the
+        # reduce-scatter buffer of its gradients: FSDPMemTracker's Unsharded Param, All Gather and
+        # Reduce Scatter at the peak of a simulated 7B step (plan --simulate, BENCHMARKS.md);
+        # shard_grad_op keeps the gathered parameters in `params` already
+        tp = mesh.get("tp", 1) if mesh is not None else 1
+        units = 2 if how == "shard_grad_op" else 3
+        buffers = units * gathered * plan.largest_layer // tp
+        if buffers:
+            what = "its all-gather buffer and" if how == "shard_grad_op" else "the block gathered, its all-gather buffer and"
+            notes = [n for n in notes if not n.startswith("+ one wrapped unit")]
+            notes.append(f"buffers: for the largest block ({plan.largest_layer:,} elements, {gathered} bytes each), {what} the reduce-scatter buffer of its gradients")
         return MemoryPlan(
-            params, b * psi // n, int(o * psi) // n, formula, offload=offload, note="; ".join(notes), recompute=options.activation_checkpointing, **split
+            params, b * psi // n, int(o * psi) // n, formula, offload=offload, note="; ".join(notes), recompute=options.activation_checkpointing,
+            buffers=buffers, **split,
         )
