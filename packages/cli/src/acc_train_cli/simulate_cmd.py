@@ -79,7 +79,7 @@ def _how(strategy: Any, result: dict[str, Any], world: int) -> str:
     kinds = "; ".join(f"rank{'s' if len(r['ranks']) > 1 else ''} {' and '.join(map(str, r['ranks']))}" for r in ranks)
     return (
         f"simulated: one step of the job's shape at world size {world} on torch's fake process group with fake tensors, "
-        f"the strategy applied by the Accelerator a run builds, measured by torch's {ranks[0]['tracker']} ({kinds})"
+        f"the strategy applied by the Accelerator a run builds, measured by {ranks[0]['tracker']} ({kinds})"
     )
 
 

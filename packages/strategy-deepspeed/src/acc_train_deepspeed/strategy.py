@@ -305,6 +305,16 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
 
         return ZeroMeter(model)
 
+    def memory_tracker(self, model: Any, optimizer: Any) -> Any | None:
+        """``MemTracker`` with ZeRO's flat buffers (parameter, gradient and fp32 master
+        partitions, reduction buckets) counted as what they are: torch's own sees none of them
+        (:mod:`acc_train_deepspeed.simulate`). ``model`` is the ``DeepSpeedEngine``."""
+        if getattr(model, "optimizer", None) is None or not hasattr(model, "zero_optimization_stage"):
+            return None
+        from acc_train_deepspeed.simulate import zero_memory_tracker
+
+        return zero_memory_tracker(model)
+
     def summary(self, accelerator: Any) -> dict[str, Any]:
         """``zero_stage`` as the DeepSpeed engine runs it (None where no engine was built)."""
         wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
