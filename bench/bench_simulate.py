@@ -16,7 +16,8 @@ Strategies: ddp, fsdp2, fsdp1, zero2, zero3 at every world size; hsdp (FSDP2,
 ``dp_replicate=2, dp_shard=2``) and fsdp x tp (FSDP2, ``dp_shard=2, tp=2``) at 4 ranks. fp32
 (``training.mixed_precision: no``), plus one bf16 fsdp2 row per model at 2 ranks.
 
-Usage: python bench/bench_simulate.py [--quick] [--json FILE] [--timeout S]
+Usage: python bench/bench_simulate.py [--quick] [--models demo,llama] [--strategies ddp,...] [--json FILE]
+       [--timeout S] [--table FILE]
        (--quick: the demo model, 2 ranks, fsdp2 and zero3 only)
 The real runs are launched with this file as the worker (``--worker CONFIG OUT_DIR``).
 """
@@ -78,16 +79,16 @@ class Case:
         return f"{self.model} {self.ranks} ranks {self.label} {'fp32' if self.precision == 'no' else self.precision}"
 
 
-def cases(quick: bool) -> list[Case]:
-    """Every combination, the demo model's first (the cheapest ones finish first)."""
+def cases(quick: bool, models: tuple[str, ...] = ("demo", "llama"), labels: tuple[str, ...] | None = None) -> list[Case]:
+    """Every combination (of ``models`` and ``labels``), the demo model's first (the cheapest ones finish first)."""
     if quick:
         return [Case("demo", 2, "fsdp2"), Case("demo", 2, "zero3")]
     out = []
-    for model in ("demo", "llama"):
+    for model in models:
         for ranks in (2, 4):
             out += [Case(model, ranks, label) for label, (_, _, worlds) in STRATEGIES.items() if worlds is None or ranks in worlds]
         out.append(Case(model, 2, "fsdp2", "bf16"))
-    return out
+    return [c for c in out if labels is None or c.label in labels]
 
 
 def write_llama(folder: Path) -> Path:
@@ -112,7 +113,8 @@ def build_job(case: Case, llama_dir: Path | None = None) -> Any:
         flags.update({k: (v, "bench") for k, v in LLAMA_SHAPE.items()})
     job = load_job(None, flags, [])
     name, options, _ = STRATEGIES[case.label]
-    return job_under(job, case.label, resolve_strategy(name, options))
+    # the job names the registered strategy (its config is written and read back), the options say the mesh
+    return job_under(job, name, resolve_strategy(name, options))
 
 
 def _first_line(text: str) -> str:
@@ -258,7 +260,7 @@ def _mib(n: int) -> str:
 
 def _cell(part: dict[str, Any]) -> str:
     d = part["diff_pct"]
-    pct = "n/a" if d is None else f"{d:+.1f}%"
+    pct = "n/a" if d is None else f"{d:+.1f}%" if abs(d) < 1000 else f"{'>+' if d > 0 else '<-'}999%"
     return f"{_mib(part['simulated'])} / {_mib(part['measured'])} ({pct})"
 
 
@@ -345,6 +347,8 @@ def print_summary(entries: list[dict[str, Any]], machine: str, command: str, min
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the demo model, 2 ranks, fsdp2 and zero3 only")
+    parser.add_argument("--models", default="demo,llama", help="of demo,llama")
+    parser.add_argument("--strategies", help="of " + ",".join(STRATEGIES) + " (default: all)")
     parser.add_argument("--json", help="also write the results here (rewritten after every case)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds each side of a case may take")
     parser.add_argument("--table", metavar="FILE", help="print the table of a --json FILE written before (a run cut short included)")
@@ -365,7 +369,8 @@ def main() -> None:
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-simulate-") as tmp:
         llama_dir = None if args.quick else write_llama(Path(tmp) / "llama")
-        for case in cases(args.quick):
+        labels = None if args.strategies is None else tuple(s.strip() for s in args.strategies.split(","))
+        for case in cases(args.quick, tuple(args.models.split(",")), labels):
             entry = run_case(case, Path(tmp), llama_dir, args.timeout)
             entries.append(entry)
             for row in table_rows(entry):
