@@ -113,8 +113,8 @@ def build_job(case: Case, llama_dir: Path | None = None) -> Any:
         flags.update({k: (v, "bench") for k, v in LLAMA_SHAPE.items()})
     job = load_job(None, flags, [])
     name, options, _ = STRATEGIES[case.label]
-    # the job names the registered strategy (its config is written and read back), the options say the mesh
-    return job_under(job, name, resolve_strategy(name, options))
+    # the registered strategy, its options saying the mesh or the preset
+    return job_under(job, resolve_strategy(name, options))
 
 
 def _first_line(text: str) -> str:

@@ -65,7 +65,10 @@ def test_offload_moves_state_out_of_the_device_total(demo_fp32: dict) -> None:
     assert off2["offloaded"] == off2["optimizer"] + off2["grads"]
     assert off2["device_total"] == zero2["device_total"] - off2["offloaded"]
     off3 = demo_fp32["by_label"]["zero3-offload"]
-    assert set(off3["offload"]) == {"params", "grads", "optimizer"} and off3["device_total"] == off3["activations"]
+    assert set(off3["offload"]) == {"params", "grads", "optimizer"}
+    # what stays on the device: the activations and DeepSpeed's buffers (its reduction bucket and the live gathered
+    # parameters, which plan --simulate found on the device)
+    assert off3["buffers"] > 0 and off3["device_total"] == off3["activations"] + off3["buffers"]
     assert demo_fp32["by_label"]["fsdp-offload"]["offloaded"] == demo_fp32["by_label"]["fsdp2"]["model_state"]
 
 

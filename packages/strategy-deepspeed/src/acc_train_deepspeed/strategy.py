@@ -26,6 +26,9 @@ Offload = Literal["none", "cpu", "nvme"]
 
 #: DeepSpeed's default ``reduce_bucket_size`` (elements)
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
+#: DeepSpeed's default ``stage3_max_live_parameters`` (elements): ZeRO-3 keeps up to this many
+#: gathered parameter elements alive for reuse
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
 
 #: What ZeRO keeps of a model loaded in bf16/fp16 (``model.dtype``) when its own bf16/fp16 mode is
 #: off (``training.mixed_precision: no``), measured with DeepSpeed 0.19.8 on 2 CPU ranks, by ZeRO
@@ -380,7 +383,10 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
         else:
             params, grads, optim = p * psi // n, g * psi // n, 12 * psi // n
             formula = f"{p}psi/N + {g}psi/N + 12psi/N = {p + g + 12}psi/N"
-            notes.append("+ the layers being gathered; parameters under stage3_param_persistence_threshold are also kept whole")
+            notes.append("parameters under stage3_param_persistence_threshold are also kept whole")
+        buffers, what = self._plan_buffers(stage, psi, n, p, g, grads)
+        if what:
+            notes.append(what)
         offload: dict[str, str] = {}
         if options.offload_optimizer != "none":  # ZeRO-Offload: the gradient partition goes with the step
             offload["optimizer"] = options.offload_optimizer
@@ -390,4 +396,23 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
         if options.offload_param != "none":
             offload["params"] = options.offload_param
             notes.append(f"parameter partitions in {options.offload_param.upper()} memory, gathered to the accelerator per layer")
-        return MemoryPlan(params, grads, optim, formula, offload=offload, note="; ".join(notes))
+        return MemoryPlan(params, grads, optim, formula, offload=offload, note="; ".join(notes), buffers=buffers)
+
+    def _plan_buffers(self, stage: int, psi: int, n: int, p: int, g: int, grads: int) -> tuple[int, str]:
+        """What DeepSpeed allocates beside the ZeRO paper's model state, as ``plan --simulate``
+        found it (BENCHMARKS.md): the reduction bucket, ``reduce_bucket_size`` elements allocated
+        in full when the engine starts (``contiguous_gradients``, the default), whatever the
+        model's size (what ``grads`` does not already count of it under ZeRO-2); under ZeRO-3
+        also the gathered parameters it keeps alive for reuse, up to ``stage3_max_live_parameters``
+        (DeepSpeed's default: 1.87 GiB of a 7B model's bf16 parameters at the simulated peak)."""
+        if stage == 0 or self.options.config_file is not None:
+            return 0, ""
+        bucket = self.options.reduce_bucket_size or DEEPSPEED_REDUCE_BUCKET
+        counted = max(0, grads - g * psi // n) if stage == 2 else 0  # ZeRO-2's gradients column holds one bucket
+        total = max(0, g * bucket - counted) if self.options.contiguous_gradients is not False else 0
+        parts = [f"the reduction bucket ({bucket:,} elements, reduce_bucket_size, allocated in full)"] if total else []
+        if stage == 3:
+            live = min(psi, DEEPSPEED_MAX_LIVE_PARAMETERS)
+            total += p * live
+            parts.append(f"gathered parameters kept alive for reuse (up to {live:,} elements, stage3_max_live_parameters)")
+        return total, ("buffers: " + " and ".join(parts)) if parts else ""
