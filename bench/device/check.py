@@ -27,7 +27,12 @@ Rows (the job of ``bench/gpu_fsdp_vs_ddp.py``: the ~1.1B demo Llama, bf16, world
   (``deepspeed.ops.adam.FusedAdam``, compiled on first use by the image's nvcc): acc-train hands
   DeepSpeed a torch optimizer, so this row is the one that builds and runs DeepSpeed's CUDA ops;
 - ``trainer-fsdp``, ``trainer-zero3``: ``acc-train launch`` of the unchanged HF Trainer program
-  (``tests/launch_programs/trainer_train.py``) at world size 1, saving and resuming.
+  (``tests/launch_programs/trainer_train.py``) at world size 1, saving and resuming;
+- ``simulate`` (last: it must not take the time of the rows above): ``acc-train plan --simulate
+  --json`` for the job (``plan_args``), fsdp2 and zero3, one command each, on the CPU (no GPU
+  visible to it); each simulated peak per rank beside the fsdp or zero3 row's measured peak
+  (run.json's, ``torch.cuda.max_memory_allocated`` on CUDA) and simulated / measured. Rehearsing,
+  the measured side is the process's RSS peak, reported without a ratio.
 
 ``--rehearse`` runs every row the same way on CPU with a tiny model, a few steps and fp32 (CPUs
 without native bf16 run it 20 times slower), from the sources on ``PYTHONPATH``; CI runs it.
@@ -117,6 +122,8 @@ class Check:
         #: ``acc-train plan --json``'s answers by arguments: rows of one job share one plan
         self._plans: dict[tuple[str, ...], dict[str, Any] | None] = {}
         self._pending: tuple[tuple[str, ...], subprocess.Popen[str]] | None = None
+        #: the rows run so far by name, as recorded (the simulate row reads the fsdp and zero3 rows')
+        self.results: dict[str, dict[str, Any]] = {}
 
     def log(self, text: str) -> None:
         with self.log_path.open("a") as f:
@@ -438,6 +445,81 @@ def trainer_row(strategy: str) -> Callable[[Check, float], dict[str, Any]]:
     return row
 
 
+#: ``plan --simulate``'s strategies and the training rows that measured them
+SIMULATED = (("fsdp2", "fsdp"), ("zero3", "zero3"))
+
+
+def _plan_json(output: str) -> dict[str, Any]:
+    """``plan --json``'s object from a command's output, stdout and stderr together: the JSON is
+    written at the end in one piece, from a line that is ``{`` alone."""
+    lines = output.splitlines(keepends=True)
+    start = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].rstrip("\n") == "{"), None)
+    if start is None:
+        raise ValueError("no JSON object in the output")
+    return json.JSONDecoder().raw_decode("".join(lines[start:]))[0]
+
+
+def measured_peak(row: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """What training row ``name`` measured, for the simulation beside it: run.json's per-rank peak
+    (``torch.cuda.max_memory_allocated`` on CUDA, the process's RSS peak on CPU), or why there is none."""
+    if row is None:
+        return {"measured_peak_bytes": None, "measured": f"none: the {name} row did not run in this check"}
+    if not row.get("peak_memory_bytes"):
+        why = f"its error: {row['error'][:200]}" if row.get("error") else "run.json had no per-rank peak"
+        return {"measured_peak_bytes": None, "measured": f"none: the {name} row has no peak ({why})"}
+    if row.get("device") == "cuda":
+        return {"measured_peak_bytes": row["peak_memory_bytes"], "measured": f"torch.cuda.max_memory_allocated (the {name} row's run.json)"}
+    return {"measured_peak_bytes": row["peak_memory_bytes"], "measured": f"process RSS peak on {row.get('device') or 'an unknown device'} (the {name} row's run.json): the whole process, no ratio"}
+
+
+def simulate_row(check: Check, timeout: float) -> dict[str, Any]:
+    """``acc-train plan --simulate --json`` for the check's job (``plan_args``, as the fsdp and
+    zero3 rows plan it), one command per strategy, each simulated peak per rank beside the peak
+    that strategy's training row measured, and simulated / measured where that is CUDA's
+    allocated peak. A measured side missing is said, not failed; a simulation missing is the
+    row's error, the other strategy's figures kept."""
+    t0 = time.monotonic()
+    # the simulation is a CPU rehearsal, as a user runs it: fake tensors, no GPU touched
+    env = {**check.env, "CUDA_VISIBLE_DEVICES": ""}
+    found: dict[str, dict[str, Any]] = {}
+    errors: list[str] = []
+    for i, (label, trained) in enumerate(SIMULATED):
+        entry: dict[str, Any] = {"row": trained, **measured_peak(check.results.get(trained), trained)}
+        found[label] = entry
+        share = (timeout - (time.monotonic() - t0)) / (len(SIMULATED) - i)  # a hang in one leaves the next its share
+        cmd = [sys.executable, "-m", "acc_train_cli", "plan", "--simulate", "--strategies", label, "--json", *plan_args(check.job)]
+        t1 = time.monotonic()
+        try:
+            proc = check.run(cmd, share, env=env)
+        except RowFailed as exc:
+            entry["error"] = str(exc)
+            errors.append(f"{label}: {exc}")
+            continue
+        entry["seconds"] = round(time.monotonic() - t1, 1)
+        try:
+            strategy = next(s for s in _plan_json(proc.stdout)["strategies"] if s["name"] == label) if proc.returncode == 0 else None
+        except (ValueError, KeyError, TypeError, StopIteration) as exc:
+            strategy, entry["error"] = None, f"plan --simulate's JSON unreadable: {exc}"
+        if strategy is None:
+            entry.setdefault("error", f"plan --simulate exited {proc.returncode}: {_last_line(proc.stdout)}")
+            errors.append(f"{label}: {entry['error']}")
+            continue
+        simulated = strategy.get("simulated")
+        entry["plan_bytes"] = (strategy.get("plan") or {}).get("device_total_bytes")
+        if simulated is None:
+            entry["error"] = strategy.get("how") or "not simulated"
+            errors.append(f"{label}: {entry['error']}")
+            continue
+        entry["simulated_peak_bytes"] = simulated["peak_bytes"]
+        entry["how"] = simulated.get("how")
+        if entry["measured_peak_bytes"] and "max_memory_allocated" in entry["measured"]:
+            entry["simulated_vs_measured"] = simulated["peak_bytes"] / entry["measured_peak_bytes"]
+    result: dict[str, Any] = {"simulation": found}
+    if errors:
+        result["error"] = "; ".join(errors)
+    return result
+
+
 @dataclass(frozen=True)
 class Row:
     name: str
@@ -462,6 +544,8 @@ ROWS: tuple[Row, ...] = (
     Row("zero3-fused-adam", 100, handwritten_row("zero3", "ds-fused-adam"), "hand-written ZeRO-3 with DeepSpeed's FusedAdam (its CUDA op built by nvcc)"),
     Row("trainer-fsdp", 60, trainer_row("fsdp"), "acc-train launch: HF Trainer unchanged, fsdp, save and resume"),
     Row("trainer-zero3", 70, trainer_row("zero3"), "acc-train launch: HF Trainer unchanged, zero3, save and resume"),
+    # last: the rows above must not lose their time to it; it reads the fsdp and zero3 rows' peaks
+    Row("simulate", 120, simulate_row, "acc-train plan --simulate for the job, fsdp2 and zero3: simulated peak per rank against the fsdp and zero3 rows' measured peak"),
 )
 
 
@@ -538,7 +622,33 @@ def results_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if hw.get("step_time_s") and ddp.get("step_time_s"):
         lines += ["", f"ddp against the hand-written loop: median step time {ddp['step_time_s'] / hw['step_time_s']:.3f} (goal: within 1.02)"]
     extra = [f"- {r['name']}: {r['tests']}" for r in rows if r.get("tests")]
-    return "\n".join(lines + ([""] + extra if extra else [])) + "\n"
+    return "\n".join(lines + simulation_markdown(by.get("simulate", {})) + ([""] + extra if extra else [])) + "\n"
+
+
+def simulation_markdown(row: dict[str, Any]) -> list[str]:
+    """The simulate row's table: each strategy's simulated peak per rank beside its training row's."""
+    found = row.get("simulation")
+    if not found:
+        return []
+
+    def size(v: Any) -> str:
+        if not isinstance(v, (int, float)):
+            return ""
+        return f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.1f} MiB"
+
+    lines = [
+        "", "acc-train plan --simulate (CPU, fake tensors) against the training rows' peak per rank:", "",
+        "strategy | simulated | measured | simulated/measured | plan | measured by | error",
+        "--- | --- | --- | --- | --- | --- | ---",
+    ]  # fmt: skip
+    for label, e in found.items():
+        ratio = e.get("simulated_vs_measured")
+        error = (e.get("error") or "").replace("|", "/")
+        lines.append(
+            f"{label} ({e['row']} row) | {size(e.get('simulated_peak_bytes'))} | {size(e.get('measured_peak_bytes'))} | "
+            f"{format(ratio, '.3f') if isinstance(ratio, float) else ''} | {size(e.get('plan_bytes'))} | {e['measured']} | {error}"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -600,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         result["seconds"] = round(time.monotonic() - t0, 1)
         check.log(f"===== row {row.name}: {json.dumps(result)}")
         results.append(result)
+        check.results[row.name] = result
         write_results(check, results, meta)
     meta["seconds"] = round(time.monotonic() - t_start, 1)
     write_results(check, results, meta)

@@ -16,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHECK = ROOT / "bench" / "device" / "check.py"
 CORE_ROWS = ["ddp", "fsdp", "zero3", "handwritten"]
+#: the rehearsal's rows: the core ones and, last as in ROWS, plan --simulate beside fsdp's and zero3's peaks
+REHEARSED_ROWS = [*CORE_ROWS, "simulate"]
 
 
 def load_check():
@@ -32,12 +34,13 @@ def has_mfu_module() -> bool:
 
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One rehearsal of the four rows every lent session must bring back."""
+    """One rehearsal of the four rows every lent session must bring back, and the simulate row
+    that reads two of them."""
     out = tmp_path_factory.mktemp("device-check")
     env = dict(os.environ)  # TORCH_EXTENSIONS_DIR: the machine's, shared (conftest)
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(CHECK), "--rehearse", "--out", str(out), "--rows", ",".join(CORE_ROWS)],
+        [sys.executable, str(CHECK), "--rehearse", "--out", str(out), "--rows", ",".join(REHEARSED_ROWS)],
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     results = json.loads((out / "results.json").read_text())
@@ -60,7 +63,7 @@ def log_tail(rehearsal: dict, chars: int = 4000) -> str:
 @pytest.mark.launch
 @pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
 def test_the_rehearsal_writes_every_row_and_its_files(rehearsal: dict) -> None:
-    assert [r["name"] for r in rehearsal["results"]["rows"]] == CORE_ROWS
+    assert [r["name"] for r in rehearsal["results"]["rows"]] == REHEARSED_ROWS
     assert rehearsal["results"]["rehearse"] is True
     for name in ("results.json", "results.md", "check.log"):
         assert (rehearsal["out"] / name).is_file(), name
@@ -111,6 +114,26 @@ def test_mfu_is_reported_or_its_absence_is_the_rows_error(rehearsal: dict) -> No
         assert "acc_train.mfu" in rows["handwritten"]["error"]
         assert rows["handwritten"]["mfu"] is None
         assert proc.returncode == 1, proc.stdout[-3000:]
+
+
+@pytest.mark.launch
+@pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
+def test_the_simulation_sits_beside_each_measured_peak(rehearsal: dict) -> None:
+    """plan --simulate for the check's job, fsdp2 and zero3, beside the fsdp and zero3 rows' peaks:
+    on CPU the measured side is the process's RSS, reported without a ratio."""
+    row = rehearsal["rows"]["simulate"]
+    assert row["error"] is None, row_errors(rehearsal)
+    found = row["simulation"]
+    assert list(found) == ["fsdp2", "zero3"]
+    for label, trained in (("fsdp2", "fsdp"), ("zero3", "zero3")):
+        entry = found[label]
+        assert entry["row"] == trained
+        assert entry["simulated_peak_bytes"] > 0 and entry["plan_bytes"] > 0, entry
+        assert "world size 1" in entry["how"], entry
+        assert entry["measured_peak_bytes"] == rehearsal["rows"][trained]["peak_memory_bytes"], entry
+        assert "RSS" in entry["measured"] and "simulated_vs_measured" not in entry, entry
+    md = (rehearsal["out"] / "results.md").read_text()
+    assert "plan --simulate (CPU, fake tensors)" in md and "\nfsdp2 (fsdp row) | " in md and "\nzero3 (zero3 row) | " in md, md
 
 
 # --- the runner itself, no launches -------------------------------------------------------------------
@@ -171,4 +194,44 @@ def test_an_unknown_row_is_refused_naming_the_rows(tmp_path: Path) -> None:
 def test_the_rows_are_the_issues_in_priority_order() -> None:
     names = [r.name for r in load_check().ROWS]
     assert names[:5] == ["gpu-tests", "ddp", "fsdp", "zero3", "handwritten"]
-    assert set(names) == {"gpu-tests", *CORE_ROWS, "gc", "lora", "compile", "zero3-fused-adam", "trainer-fsdp", "trainer-zero3"}
+    assert names[-1] == "simulate"  # last: it must not take the time of the rows before it
+    assert set(names) == {"gpu-tests", *CORE_ROWS, "gc", "lora", "compile", "zero3-fused-adam", "trainer-fsdp", "trainer-zero3", "simulate"}
+
+
+def _plan_output(entries: list[dict]) -> str:
+    """What ``plan --simulate --json`` prints, stderr's progress line first (the check reads both together)."""
+    return "simulating at world size 1...\n" + json.dumps({"rows": [], "strategies": entries}, indent=2) + "\n"
+
+
+def test_the_simulate_row_compares_with_cuda_peaks_and_says_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No launches: the ratio where a training row measured CUDA's allocated peak; a training row
+    absent is said, not failed; a strategy the simulation could not run is the row's error."""
+    check = load_check()
+    job = check.REHEARSAL_JOB
+    c = check.Check(tmp_path, job, dict(os.environ), 60, True, tmp_path)
+    c.results["fsdp"] = {"name": "fsdp", "device": "cuda", "peak_memory_bytes": 20 * 2**30, "error": None}
+    printed = {
+        "fsdp2": _plan_output([{"name": "fsdp2", "simulated": {"peak_bytes": 19 * 2**30, "how": "simulated: ..."}, "plan": {"device_total_bytes": 21 * 2**30}}]),
+        "zero3": _plan_output([{"name": "zero3", "simulated": None, "how": "not simulated: rank 0 stopped", "plan": {"device_total_bytes": 2**30}}]),
+    }
+    commands = []
+
+    def run(cmd, timeout, *, cwd=None, env=None):
+        commands.append((cmd, env))
+        label = cmd[cmd.index("--strategies") + 1]
+        return subprocess.CompletedProcess(cmd, 0, printed[label], "")
+
+    monkeypatch.setattr(c, "run", run)
+    result = check.simulate_row(c, 60)
+    fsdp2, zero3 = result["simulation"]["fsdp2"], result["simulation"]["zero3"]
+    assert fsdp2["simulated_vs_measured"] == pytest.approx(19 / 20)
+    assert "max_memory_allocated" in fsdp2["measured"] and fsdp2["plan_bytes"] == 21 * 2**30
+    assert zero3["measured_peak_bytes"] is None and "did not run" in zero3["measured"]
+    assert result["error"] == "zero3: not simulated: rank 0 stopped"
+    # the job the fsdp and zero3 rows plan, with --json; the simulation sees no GPU
+    for cmd, env in commands:
+        assert cmd[-len(check.plan_args(job)) :] == check.plan_args(job) and "--json" in cmd
+        assert env["CUDA_VISIBLE_DEVICES"] == ""
+    md = "\n".join(check.simulation_markdown(result))
+    assert "\nfsdp2 (fsdp row) | 19.00 GiB | 20.00 GiB | 0.950 | 21.00 GiB | torch.cuda.max_memory_allocated" in md
+    assert "\nzero3 (zero3 row) |  |  |  | 1.00 GiB | none: the zero3 row did not run in this check | not simulated: rank 0 stopped" in md
