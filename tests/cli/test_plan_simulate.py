@@ -16,9 +16,9 @@ DEMO_PSI = 1_426_752  # the demo model's parameters (test_plan.py)
 
 @pytest.fixture(scope="module")
 def simulated() -> tuple[int, dict, str]:
-    """The demo job in fp32 at 4 ranks, fsdp2 and ddp, with a device memory fsdp2's step exceeds."""
+    """The demo job in fp32 at 4 ranks, fsdp2, ddp and zero3-offload, with a device memory fsdp2's step exceeds."""
     proc = run_cli(
-        "plan", "--simulate", "--strategies", "fsdp2,ddp", "--json", "--num-processes", "4", "--mixed-precision", "no",
+        "plan", "--simulate", "--strategies", "fsdp2,ddp,zero3-offload", "--json", "--num-processes", "4", "--mixed-precision", "no",
         "--device-memory", "8MiB",
     )
     return proc.returncode, json.loads(proc.stdout), proc.stderr
@@ -50,6 +50,10 @@ def test_a_strategy_that_cannot_be_simulated_says_so(simulated: tuple[int, dict,
     ddp = {e["name"]: e for e in data["strategies"]}["ddp"]
     # DDP's C++ reducer takes no fake tensors: never a formula passed off as a simulation
     assert ddp["simulated"] is None and ddp["how"].startswith("not simulated: ") and "plan's formula" in ddp["how"]
+    # an offload preset runs on the cluster's GPUs, and this CPU machine refuses it: said, not an error of the plan
+    offload = {e["name"]: e for e in data["strategies"]}["zero3-offload"]
+    assert offload["simulated"] is None and "refuses" in offload["how"] and "offload" in offload["how"]
+    assert offload["plan"]["device_total_bytes"] > 0
 
 
 def test_a_step_that_does_not_fit_the_device_is_exit_2(simulated: tuple[int, dict, str]) -> None:

@@ -74,7 +74,7 @@ def _check_for_the_cluster(job: Any, strategy: Any, model: Any) -> None:
     strategy.check_model(model)
 
 
-def _how(strategy: Any, result: dict[str, Any], world: int) -> str:
+def _how(result: dict[str, Any], world: int) -> str:
     ranks = result["ranks"]
     kinds = "; ".join(f"rank{'s' if len(r['ranks']) > 1 else ''} {' and '.join(map(str, r['ranks']))}" for r in ranks)
     return (
@@ -105,14 +105,14 @@ def simulate_plan(job: Any, data: dict[str, Any], names: str | None, mesh: dict[
             entry.update(simulated=None, collectives=None, how=f"not simulated: {exc}; the plan's formula stands for it")
             out.append(entry)
             continue
-        if "user_error" in result:
-            from acc_train.errors import UserError
-
+        if "user_error" in result:  # the cluster's checks passed above: this CPU is what the strategy refuses (offload)
             err = result["user_error"]
-            raise UserError(f"{label}: {err['message']}", where=err["where"], hint=err["hint"])
+            entry.update(simulated=None, collectives=None, how=f"not simulated: on this CPU the strategy refuses it ({err['where']}: {err['message']}); the plan's formula stands for it")
+            out.append(entry)
+            continue
         largest = max(result["ranks"], key=lambda r: r["peak_bytes"])
         parts = ("peak", "parameters", "gradients", "optimizer", "activations", "other")
-        how = _how(strategy, result, world)
+        how = _how(result, world)
         entry["simulated"] = {**{f"{p}_bytes": largest[f"{p}_bytes"] for p in parts}, "how": how, "at": largest["at"], "tracked": largest["tracked"]}
         entry["collectives"] = largest["collectives"]
         entry["ranks"] = result["ranks"]
