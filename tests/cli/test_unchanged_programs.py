@@ -99,7 +99,11 @@ def test_later_acc_train_accelerators_in_one_process_run_the_strategy(strategy: 
     """The user's, a second one, one with Trainer's explicit ``fsdp_plugin=None,
     deepspeed_plugin=None``, and one after ``AcceleratorState._reset_state()``."""
     extra = ("--set", "strategy.auto_wrap_policy=none") if strategy == "fsdp" else ()  # a plain Sequential has no layer classes
-    proc = run_cli("--strategy", strategy, *extra, "--num-processes", "2", "launch", str(PROGRAMS / "acc_train_accelerators.py"))
+    # fp32 pinned: the program feeds fp32 batches, which DeepSpeed's bf16 engine does not cast (as under
+    # `accelerate launch`), and `auto` is bf16 on a CPU with AVX512-BF16 or AMX (this suite's machines vary)
+    proc = run_cli(
+        "--strategy", strategy, *extra, "--num-processes", "2", "--mixed-precision", "no", "launch", str(PROGRAMS / "acc_train_accelerators.py")
+    )
     (seen,) = results(proc)
     assert [s["type"] for s in seen] == [distributed_type] * 4
     assert len({s["mixed_precision"] for s in seen}) == 1  # resolved once per process
