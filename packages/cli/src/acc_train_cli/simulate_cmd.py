@@ -83,7 +83,7 @@ def _how(result: dict[str, Any], world: int) -> str:
     )
 
 
-def simulate_plan(job: Any, data: dict[str, Any], names: str | None, mesh: dict[str, int] | None, timeout: float | None = None) -> list[dict[str, Any]]:
+def simulate_plan(job: Any, data: dict[str, Any], names: str | None, mesh: dict[str, int] | None) -> list[dict[str, Any]]:
     """Simulate each strategy and set it beside its row of the plan (``data``: build_plan's)."""
     from acc_train.memory_plan import model_shape
     from acc_train.simulate import SimulationFailed, job_under, simulate_strategy
@@ -100,7 +100,7 @@ def simulate_plan(job: Any, data: dict[str, Any], names: str | None, mesh: dict[
         entry: dict[str, Any] = {"name": label, "plan": {"device_total_bytes": row["device_total"] if row else None, "row": row}}
         click.echo(f"simulating {label} at world size {world}...", err=True)
         try:
-            result = simulate_strategy(job_under(job, strategy), world, local, timeout)
+            result = simulate_strategy(job_under(job, strategy), world, local)
         except SimulationFailed as exc:
             entry.update(simulated=None, collectives=None, how=f"not simulated: {exc}; the plan's formula stands for it")
             out.append(entry)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from acc_train.strategy import Machine
 
 __all__ = [
+    "parameter_groups",
     "OptimizerKind", "OptimizerOptions", "COMMON_KEYS", "AdamW", "SGD", "Adafactor", "AdamW8bit", "BUILTIN_OPTIMIZERS",
 ]  # fmt: skip
 
@@ -198,3 +199,13 @@ class AdamW8bit(OptimizerKind):
 
 #: core's optimizers, registered by the builtin plugin
 BUILTIN_OPTIMIZERS: tuple[OptimizerKind, ...] = (AdamW(), SGD(), Adafactor(), AdamW8bit())
+
+
+def parameter_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
+    """The trainable parameters in two groups: with ``weight_decay``, and without it for biases
+    and norm weights (what the loop and ``plan --simulate`` build the optimizer over)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

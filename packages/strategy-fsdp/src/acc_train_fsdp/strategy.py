@@ -607,7 +607,8 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         else:
             params = b * psi // n
             formula = f"{b}psi/N + {b}psi/N + {o:g}psi/N = {2 * b + o:g}psi/N"
-            notes.append("+ one wrapped unit's parameters, gathered while it computes")
+            if not plan.largest_layer:  # the buffers below say it in bytes where the block is known
+                notes.append("+ one wrapped unit's parameters, gathered while it computes")
         if plan.low_precision_weights:
             notes.append(f"model.dtype {plan.dtype}: shards, gradients and moments are {plan.dtype}, no fp32 master copy")
         if options.cpu_offload:
@@ -622,7 +623,6 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         buffers = units * gathered * plan.largest_layer // tp
         if buffers:
             what = "its all-gather buffer and" if how == "shard_grad_op" else "the block gathered, its all-gather buffer and"
-            notes = [n for n in notes if not n.startswith("+ one wrapped unit")]
             notes.append(f"buffers: for the largest block ({plan.largest_layer:,} elements, {gathered} bytes each), {what} the reduce-scatter buffer of its gradients")
         return MemoryPlan(
             params, b * psi // n, int(o * psi) // n, formula, offload=offload, note="; ".join(notes), recompute=options.activation_checkpointing,

@@ -227,16 +227,11 @@ def _optimizer(model: Any, job: ResolvedJob, accelerator: Accelerator) -> Any:
     """The optimizer ``optimizer.name`` selects, once it is known to run here under this
     strategy; biases and norm weights get no weight decay."""
     from acc_train.config.optimizer import check_optimizer
+    from acc_train.optimizer import parameter_groups
 
     cfg = job.config.optimizer
     kind = check_optimizer(job, accelerator.acc_machine)
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return kind.build(groups, cfg, accelerator.device)
+    return kind.build(parameter_groups(model, cfg.weight_decay), cfg, accelerator.device)
 
 
 def prepare(job: ResolvedJob, accelerator: Accelerator, built: BuiltModel, data: TrainData) -> Prepared:

@@ -64,14 +64,10 @@ def _optimizer(model: Any, job: ResolvedJob) -> Any:
     import torch
 
     from acc_train.config.optimizer import optimizer_kind
+    from acc_train.optimizer import parameter_groups
 
     cfg = job.config.optimizer
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    optimizer = optimizer_kind(cfg.name).build(groups, cfg, torch.device(TARGET_DEVICE))
+    optimizer = optimizer_kind(cfg.name).build(parameter_groups(model, cfg.weight_decay), cfg, torch.device(TARGET_DEVICE))
     for group in optimizer.param_groups:  # see the module's docstring
         for key in ("foreach", "fused"):
             if key in group:
@@ -131,7 +127,7 @@ def _tracker(strategy: Any, model: Any, optimizer: Any) -> tuple[Any, str]:
     if own is not None:
         return own, type(own).__name__
     inner = torch_optimizer(optimizer)
-    if inner is None or getattr(getattr(optimizer, "optimizer", optimizer), "optimizer", None) is not None:
+    if inner is None or inner is not getattr(optimizer, "optimizer", optimizer):  # state beside the torch optimizer
         raise NotImplementedError(
             f"torch's MemTracker takes a torch optimizer, and {type(getattr(optimizer, 'optimizer', optimizer)).__name__} keeps "
             "state of its own beside it; the strategy names no tracker that counts it (Strategy.memory_tracker)"

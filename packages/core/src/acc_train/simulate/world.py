@@ -3,7 +3,7 @@ target world, and every tensor is a fake one (shapes, dtypes and sizes, no stora
 
 Collectives on the fake group return at once; the strategy's own code (Accelerate's prepare,
 ``fully_shard``, DeepSpeed's partitioning) runs as on the cluster and allocates what it would,
-which torch's memory trackers count. Three things torch and the libraries do not expect under
+which torch's memory trackers count. Four things torch and the libraries do not expect under
 fake tensors are stepped around here, each narrowly:
 
 - a ``DeviceMesh`` reads its rank map (``tolist``): it is built from a real tensor;
@@ -77,7 +77,7 @@ class ScalarReads:
 @contextmanager
 def fake_world(rank: int, world_size: int, local_world_size: int) -> Iterator[ScalarReads]:
     """Join the fake process group as ``rank`` of ``world_size`` (``local_world_size`` per
-    machine) with fake tensors on; yields the counter of host reads answered with 0. The
+    machine) with fake tensors on; yields the counter of host reads answered (0 or 1.0). The
     process's environment says what a launcher would (``RANK``, ``WORLD_SIZE``...), so
     ``current_machine()`` and Accelerate see the target world."""
     import torch
