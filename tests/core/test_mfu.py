@@ -191,6 +191,7 @@ def test_mfu_is_model_flops_over_peak() -> None:
 class _OneRank:
     device = "cpu"
     batch_replicas = 1
+    num_processes = 1
 
     def reduce(self, tensor: Any, reduction: str) -> Any:
         return tensor
@@ -210,5 +211,5 @@ def test_steps_count_real_tokens_not_padding() -> None:
     assert [int(real_tokens(b)) for b in packed] == [10, 7]
     for batches in (padded, packed):
         out = list(step_windows(batches, 2, _OneRank()))
-        assert [real for _, _, real in out] == [17, 17]  # both micro-batches of the step: 3+7+5+2
-        assert [counted for _, counted, _ in out] == [13, 13]  # loss tokens: each row's length - 1
+        assert [int(real) for _, _, real in out] == [17, 17]  # both micro-batches of the step: 3+7+5+2
+        assert [int(counted) for _, counted, _ in out] == [13, 13]  # loss tokens: each row's length - 1

@@ -42,6 +42,10 @@ class Recorder:
         self.calls.append(("step_end", step))
 
     @hookimpl
+    def acc_train_log(self, run: Any, step: int, metrics: dict[str, Any]) -> None:
+        self.calls.append(("log", step))
+
+    @hookimpl
     def acc_train_eval_end(self, run: Any, step: int, metrics: dict[str, Any]) -> None:
         self.calls.append(("eval_end", step))
 
@@ -76,11 +80,13 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
     out = check_output_dir(job)
     summary = train(job)
 
+    # the rows are read (acc_train_log) only before an evaluation, a save and the end
+    # (training.read_every is 10), each step's row then, in order
     assert recorder.calls == [
         ("train_start", 0),
-        ("step_end", 1), ("step_end", 2), ("step_end", 3), ("eval_end", 3),
-        ("step_end", 4), ("checkpoint_saved", 4), ("step_end", 5),
-        ("step_end", 6), ("eval_end", 6), ("checkpoint_saved", 6),
+        ("step_end", 1), ("step_end", 2), ("log", 1), ("log", 2), ("log", 3), ("step_end", 3), ("eval_end", 3),
+        ("log", 4), ("step_end", 4), ("checkpoint_saved", 4), ("step_end", 5),
+        ("log", 5), ("log", 6), ("step_end", 6), ("eval_end", 6), ("checkpoint_saved", 6),
         ("train_end", 6),
     ]  # fmt: skip
     assert summary["distributed_type"] == "DistributedType.NO" and summary["world_size"] == 1
@@ -91,6 +97,37 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     assert model.config.vocab_size == 256 and model.config.hidden_size == 32
     assert torch.isfinite(model(torch.tensor([list(b"import os")])).logits).all()
+
+
+def test_a_run_that_fails_writes_the_rows_it_held_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between reads (every ``training.read_every`` steps) the steps' values wait on the device;
+    a failure writes their rows before the error goes on, so metrics.jsonl shows every step up to
+    the one that failed."""
+    from acc_train.loop import loop
+
+    def failing(name: str, step: int) -> None:
+        if name == "train-step" and step == 7:
+            raise RuntimeError("the step failed")
+
+    monkeypatch.setattr(loop, "fault_point", failing)
+    job = load_job(
+        flags={"output_dir": (str(tmp_path / "run"), "--output-dir"), "training.max_steps": (12, "--max-steps")},
+        sets=[
+            "model.config={hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}",
+            "data.seq_len=16",
+            "data.demo_max_bytes=20000",
+            "training.micro_batch_size=2",
+            "training.mixed_precision=no",
+            "training.progress_bar=false",
+            "checkpoint.every=0",
+        ],
+    )
+    out = check_output_dir(job)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        train(job)
+    rows = read_metrics(out).training
+    assert [row.step for row in rows] == list(range(1, 8))
+    assert all(row.loss > 0 and row.grad_norm is not None for row in rows)
 
 
 def test_resume_refuses_settings_that_change_the_data_order(tmp_path: Path) -> None:

@@ -177,6 +177,15 @@ class Accelerator(accelerate.Accelerator):
         self._before_prepare((model,))
         return super().prepare_model(model, *args, **kwargs)
 
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        """Accelerate's, unless the strategy clips its own way (:meth:`Strategy.clip_grad_norm`,
+        e.g. a norm its engine already measured, kept on the device instead of read back)."""
+        if not getattr(self, "acc_launched", False):
+            norm = self.acc_strategy.clip_grad_norm(self, max_norm)
+            if norm is not None:
+                return norm
+        return super().clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
 
 def _follow_new_parameters(objects: tuple[Any, ...], before: dict[str, Any], after: dict[str, Any]) -> None:
     """Point the optimizers among ``objects`` at the parameters a strategy's ``before_prepare``

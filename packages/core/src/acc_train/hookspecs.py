@@ -145,16 +145,38 @@ def acc_train_train_start(run: RunContext) -> None:
 
 @hookspec
 def acc_train_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
-    """Called on every rank after each optimizer step.
+    """Called on every rank right after each optimizer step, before any evaluation or save
+    of that step.
 
-    ``metrics`` holds ``step``, ``loss`` (mean over ranks and accumulation), ``lr``,
-    ``grad_norm`` (None when clipping is off), ``tokens`` (seen so far, all ranks) and
-    ``elapsed_s``. It is the same dict that is written to ``metrics.jsonl`` on logging steps;
-    a plugin may add keys to it. The return value is ignored.
+    ``metrics`` holds what the host knows without waiting for the accelerator: ``step``,
+    ``epoch`` and ``lr``. The step's loss and gradient norm are read later, with other steps'
+    (``training.read_every``), and handed to :func:`acc_train_log`. The return value is
+    ignored.
 
     :param run: the run's context.
     :param step: the optimizer step just completed, counted from 1.
-    :param metrics: this step's metrics.
+    :param metrics: ``{"step": ..., "epoch": ..., "lr": ...}``.
+    """
+
+
+@hookspec
+def acc_train_log(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
+    """Called on every rank once per logged step (every ``training.log_every`` steps, and the
+    last), in step order, when the loop reads the steps' values back from the accelerator:
+    every ``training.read_every`` steps, before an evaluation, a checkpoint, a stop and the end
+    (and, after a failure, for the steps it can still read without a collective). So it comes up
+    to ``read_every`` steps after :func:`acc_train_step_end` of the same step.
+
+    ``metrics`` holds ``step``, ``epoch``, ``loss`` (the step's per-token mean over ranks and
+    accumulation), ``lr``, ``grad_norm`` (None on a step where it was not measured: with
+    clipping off it is measured only on the steps the loop reads at), ``tokens`` (seen so far,
+    all ranks), ``tokens_per_s``, ``elapsed_s`` and, where the devices' peak is known, ``mfu``.
+    It is the dict written to ``metrics.jsonl``; a plugin may add keys to it. The return value
+    is ignored.
+
+    :param run: the run's context.
+    :param step: the optimizer step the row is for, counted from 1.
+    :param metrics: the step's row.
     """
 
 

@@ -96,17 +96,19 @@ class RunReporter:
             run.accelerator.log(numeric, step=step)
 
     @hookimpl
-    def acc_train_step_end(self, run: RunContext, step: int, metrics: dict[str, Any]) -> None:
+    def acc_train_log(self, run: RunContext, step: int, metrics: dict[str, Any]) -> None:
         if not run.is_main_process:
             return
         row = MetricsRow.from_dict(metrics)
-        if row.is_training:
-            self._write(run, step, row)
-            if self._bar is not None:
-                shown = {"loss": f"{row.loss:.4f}", "lr": f"{row.lr or 0:.2e}", "tok_s": f"{row.tokens_per_s or 0:.0f}"}
-                if row.mfu is not None:
-                    shown["mfu"] = f"{row.mfu:.1%}"
-                self._bar.set_postfix(shown, refresh=False)
+        self._write(run, step, row)
+        if self._bar is not None:  # the last values read; the bar itself advances every step
+            shown = {"loss": f"{row.loss:.4f}", "lr": f"{row.lr or 0:.2e}", "tok_s": f"{row.tokens_per_s or 0:.0f}"}
+            if row.mfu is not None:
+                shown["mfu"] = f"{row.mfu:.1%}"
+            self._bar.set_postfix(shown, refresh=False)
+
+    @hookimpl
+    def acc_train_step_end(self, run: RunContext, step: int, metrics: dict[str, Any]) -> None:
         if self._bar is not None:
             self._bar.update(1)
 

@@ -2,9 +2,11 @@
 
 A signal in ``launch.save_signals`` (to the launcher, which passes it on, or to every process,
 as Slurm and Ctrl-C send it) only sets a flag in the worker's handler; nothing is saved inside
-the handler (Lightning's saves there fail intermittently, its issue 21406). At the next step
-boundary the ranks agree on the flag, carried in the step's loss reduction, write a checkpoint
-of that step through the normal atomic path, and stop (:mod:`acc_train.loop.loop`).
+the handler (Lightning's saves there fail intermittently, its issue 21406). The ranks agree on
+the flag at step boundaries without waiting for the accelerator (:class:`StopAgreement`: an
+all-reduce of host tensors over gloo, started at one boundary and read at the next), write a
+checkpoint of that step through the normal atomic path, and stop (:mod:`acc_train.loop.loop`):
+a signal that arrives during step N stops the run after step N + 1 at the latest.
 
 The same signal often arrives twice within a moment (Slurm or a terminal signals the whole
 process group, and the launcher passes its own copy on): one arriving within
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["REPEAT_WINDOW_S", "StopRequest", "install", "read_stop_marker", "write_stop_marker", "stop_marker"]
+__all__ = ["REPEAT_WINDOW_S", "StopRequest", "StopAgreement", "install", "read_stop_marker", "write_stop_marker", "stop_marker"]
 
 #: seconds within which a repeated signal is the same request, not a second one
 REPEAT_WINDOW_S = 2.0
@@ -46,6 +48,50 @@ class StopRequest:
         elif now - self._at > REPEAT_WINDOW_S:  # a second request: stop now
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
+
+
+class StopAgreement:
+    """The ranks' common answer to "was any of us asked to stop?", at each step boundary.
+
+    The flags are host values, so they travel over gloo (the default group where it is gloo, a
+    gloo group of the same ranks beside NCCL), never through the accelerator: nothing waits for
+    the device. The all-reduce of one boundary is started without waiting and read at the next
+    (by then every rank has long passed it), so no rank waits for the slowest either. Every rank
+    calls :meth:`poll` at every step boundary, and :meth:`close` when the loop ends."""
+
+    def __init__(self, request: StopRequest) -> None:
+        import torch.distributed as dist
+
+        self.request = request
+        self.group: object | None = None
+        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if self.distributed:
+            self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self._pending: tuple[object, object] | None = None
+
+    def poll(self) -> int | None:
+        """The signal to stop on (the one the ranks that got one got), or None to go on."""
+        signum = float(self.request.signum or 0)
+        if not self.distributed:
+            return int(signum) or None
+        import torch
+        import torch.distributed as dist
+
+        agreed = None
+        if self._pending is not None:
+            work, flags = self._pending
+            work.wait()  # type: ignore[attr-defined]
+            askers, signals = flags.tolist()  # type: ignore[attr-defined]
+            agreed = round(signals / askers) if askers else None
+        flags = torch.tensor([1.0 if signum else 0.0, signum])
+        self._pending = (dist.all_reduce(flags, group=self.group, async_op=True), flags)
+        return agreed
+
+    def close(self) -> None:
+        """Wait for the last all-reduce started (every rank started it)."""
+        if self._pending is not None:
+            self._pending[0].wait()  # type: ignore[attr-defined]
+            self._pending = None
 
 
 def install(names: list[str]) -> StopRequest:

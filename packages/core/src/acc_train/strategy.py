@@ -191,6 +191,14 @@ class Strategy(ABC, Generic[OptionsT]):
         (``accelerator.acc_launched``) the plugin is Accelerate's or the program's: leave what
         it decides."""
 
+    def clip_grad_norm(self, accelerator: Accelerator, max_norm: float) -> Any:
+        """The loop's gradient clipping, where the strategy does it its own way: clip to
+        ``max_norm`` (``inf``: only measure) and return the global norm, as a tensor left on
+        the device or a float, never read back to the host (the loop reads it with the step's
+        other values, every ``training.read_every`` steps). None (the default): Accelerate's
+        ``clip_grad_norm_``. Not called in programs launched unchanged."""
+        return None
+
     def full_state_dict(self, accelerator: Accelerator, model: Any) -> dict[str, Any]:
         """The whole model's state, gathered for ``save_pretrained`` on the main process (called
         on every rank; other ranks may get an empty dict)."""

@@ -281,6 +281,14 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
             "zero_optimization": zero,
         }
 
+    def clip_grad_norm(self, accelerator: Any, max_norm: float) -> Any:
+        """The engine clips inside its step (its config's ``gradient_clipping``) and keeps the
+        norm it measured; Accelerate's ``clip_grad_norm_`` reads it back to the host
+        (``.item()``) on every call. Here it stays where DeepSpeed left it, so a step that logs
+        nothing waits for nothing."""
+        wrapped = accelerator.deepspeed_engine_wrapped
+        return None if wrapped is None else wrapped.engine.get_global_grad_norm()
+
     def expected_distributed_types(self, machine: Machine) -> set[str]:
         return {"DEEPSPEED"}
 

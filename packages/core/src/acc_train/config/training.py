@@ -114,6 +114,14 @@ class TrainingConfig(Section):
         description="Seeds Python, NumPy and torch on every rank and decides the data order.",
     )
     log_every: Count = Field(1, description="Write a row to `metrics.jsonl` (and the trackers) every N steps.")
+    read_every: Count = Field(
+        10,
+        description=(
+            "Read the steps' losses, gradient norms and token counts back from the accelerator every N steps "
+            "(and before an evaluation, a checkpoint, a stop and the end); the rows of the steps between are "
+            "written then, one per step. Between reads the host never waits for the device. 1 reads every step."
+        ),
+    )
     eval_every: NonNegativeCount = Field(
         0,
         description="Evaluate every N steps (and after the last); 0 evaluates only after the last step.",

@@ -1,16 +1,20 @@
 """The optimizer-step loop: forward, backward, step, log, evaluate, save, until ``max_steps``.
 
 It knows nothing strategy-specific and fires lifecycle hooks rather than writing outputs itself
-(core's reporter writes ``metrics.jsonl``). Step time, as ``run.json`` reports it, is the wall
-clock of whole iterations: from the end of the previous step (or the start) to the end of this
-one's ``acc_train_step_end`` hooks, so it holds fetching the batches, forward and backward of
-every micro-batch, the optimizer and scheduler steps, reducing and logging the loss, and the
-hooks. Evaluation and checkpoint saves are left out (they come every N steps; ``run.json``
-reports the time saves block the loop separately).
-"""
+(core's reporter writes ``metrics.jsonl``). It reads values back from the accelerator only every
+``training.read_every`` steps and before an evaluation, a checkpoint, a stop and the end
+(:mod:`acc_train.loop.ledger`): every other step queues its work and goes on, and the ranks
+agree on a stop request over gloo (:class:`acc_train.stop_signals.StopAgreement`).
+
+Step time, as ``run.json`` reports it, is the time between the ends of consecutive steps (on
+the device's timeline where it has one), so it holds fetching the batches, forward and backward
+of every micro-batch, the optimizer and scheduler steps, and the loop's own work between steps
+(reads, hooks, rows). Evaluation and checkpoint saves are left out (they come every N steps;
+``run.json`` reports the time saves block the loop separately)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -18,10 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point
-from acc_train.loop.loss import eval_loss, sequence_shards, step_windows, token_loss
+from acc_train.loop.ledger import StepClock, StepLedger, StepReading, StepValues
+from acc_train.loop.loss import eval_loss, packed_mask_kind, sequence_shards, step_windows, token_loss
 from acc_train.mfu import mfu
 from acc_train.plugins import call_lifecycle
 from acc_train.run import RunContext
+from acc_train.stop_signals import StopAgreement
 
 if TYPE_CHECKING:
     from acc_train.data import ResumableSampler
@@ -84,9 +90,9 @@ class LoopResult:
     tokens: int = 0
 
 
-def evaluate(accelerator: Any, model: Any, eval_dl: Any) -> float:
+def evaluate(accelerator: Any, model: Any, eval_dl: Any, mask: str | None = None) -> float:
     """Mean loss per token over the evaluation loader, all ranks together."""
-    return eval_loss(accelerator, model, eval_dl)
+    return eval_loss(accelerator, model, eval_dl, mask)
 
 
 def run_loop(inputs: LoopInputs) -> LoopResult:
@@ -105,10 +111,49 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     result = LoopResult(start_step=state.step)
     elapsed_before = state.elapsed_s  # training time of the runs this one resumes
     t_start = time.perf_counter()
-    t_step = t_start  # start of the current iteration's span
-    loss_sum = torch.zeros((), device=accelerator.device)
-    grad_norm: Any = None
+    clipping = bool(t_cfg.max_grad_norm)
+    mask = packed_mask_kind(accelerator.unwrap_model(model))
     meter = run.model_state_meter
+    ledger = StepLedger(accelerator)
+    agreement = StopAgreement(inputs.stop) if inputs.stop is not None else None
+    every = cfg.checkpoint.every
+    evaluates = inputs.eval_dl is not None
+
+    def evaluating(step: int) -> bool:
+        return evaluates and (bool(t_cfg.eval_every and step % t_cfg.eval_every == 0) or step >= run.max_steps)
+
+    def saving(step: int) -> bool:
+        return bool(every and step % every == 0) or step >= run.max_steps
+
+    def reads_at(step: int) -> bool:
+        """Steps the loop reads the device at, known before they run (a stop is read too)."""
+        return step % t_cfg.read_every == 0 or evaluating(step) or saving(step)
+
+    def log_rows(readings: list[StepReading]) -> None:
+        """The rows of the steps just read, in order, to the ``acc_train_log`` hooks."""
+        for reading, (step, end_s, took) in zip(readings, clock.resolve()):
+            state.tokens += reading.tokens
+            result.tokens += reading.tokens
+            if step - result.start_step > WARMUP_STEPS:
+                result.step_times.append(took)
+            if step % t_cfg.log_every and step < run.max_steps:
+                continue
+            result.last_loss = reading.loss
+            result.best_loss = reading.loss if result.best_loss is None else min(result.best_loss, reading.loss)
+            tokens_per_s = result.tokens / max(end_s, 1e-9)
+            metrics: dict[str, Any] = {
+                "step": step,
+                "epoch": reading.epoch,
+                "loss": reading.loss,
+                "lr": reading.lr,
+                "grad_norm": reading.grad_norm,
+                "tokens": state.tokens,
+                "tokens_per_s": tokens_per_s,
+                "elapsed_s": round(elapsed_before + end_s, 4),
+            }
+            if "peak_flops" in basis:
+                metrics["mfu"] = mfu(tokens_per_s, basis["flops_per_token"], basis["peak_flops"])
+            call_lifecycle("acc_train_log", run=run, step=step, metrics=metrics)
 
     def committed(step: int, path: Path) -> None:
         result.saved.append(str(path))
@@ -116,92 +161,79 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
 
     manager.on_commit = committed
     model.train()
-
-    while state.step < run.max_steps:
-        if inputs.sampler is not None:  # (a stream continues from its own position, endlessly)
-            inputs.train_dl.set_epoch(state.epoch)  # Accelerate's loader re-sets the sampler's epoch from its own count
-            inputs.sampler.set_start(state.batches_in_epoch * world * t_cfg.micro_batch_size)
-        for batch, step_tokens, step_real in step_windows(inputs.train_dl, t_cfg.gradient_accumulation_steps, accelerator):
-            if result.first_batch_at is None:
-                result.first_batch_at = time.time()
-            with accelerator.accumulate(model):
-                with sequence_shards(accelerator, batch) as part:  # (this rank's part of each row under context parallelism)
-                    loss = token_loss(model, part, step_tokens)  # this micro-batch's share of the step's per-token mean
-                    # strategies average gradients over ranks and divide them by the accumulation steps
-                    accelerator.backward(loss * loss_parts * t_cfg.gradient_accumulation_steps)
-                if accelerator.sync_gradients:  # without clipping, the norm is still measured
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm or math.inf)
-                    if meter is not None:
+    clock = StepClock(accelerator.device)
+    step_loss: Any = None
+    try:
+        while state.step < run.max_steps:
+            if inputs.sampler is not None:  # (a stream continues from its own position, endlessly)
+                inputs.train_dl.set_epoch(state.epoch)  # Accelerate's loader re-sets the sampler's epoch from its own count
+                inputs.sampler.set_start(state.batches_in_epoch * world * t_cfg.micro_batch_size)
+            for batch, step_tokens, step_real in step_windows(inputs.train_dl, t_cfg.gradient_accumulation_steps, accelerator, ledger):
+                if result.first_batch_at is None:
+                    result.first_batch_at = time.time()
+                with accelerator.accumulate(model):
+                    with sequence_shards(accelerator, batch) as part:  # (this rank's part of each row under context parallelism)
+                        loss = token_loss(model, part, step_tokens, mask)  # this micro-batch's share of the step's per-token mean
+                        # strategies average gradients over ranks and divide them by the accumulation steps
+                        accelerator.backward(loss * loss_parts * t_cfg.gradient_accumulation_steps)
+                    grad_norm = None
+                    if accelerator.sync_gradients and (clipping or reads_at(state.step + 1)):
+                        # without clipping, the norm is measured only where the loop reads it
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm or math.inf)
+                    if accelerator.sync_gradients and meter is not None:
                         meter.at_gradient_sync()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            state.batches_in_epoch += 1
-            state.samples_in_epoch += world * t_cfg.micro_batch_size
-            loss_sum += loss.detach().float()
-            if not accelerator.sync_gradients:
-                continue
-            lr = scheduler.get_last_lr()[0]
-            if not accelerator.optimizer_step_was_skipped:
-                scheduler.step()
-            state.step += 1
-            run.step = state.step
-            state.tokens += step_real
-            result.tokens += step_real
-            if state.batches_in_epoch >= inputs.batches_per_epoch:
-                state.epoch += 1
-                state.batches_in_epoch = state.samples_in_epoch = 0
-            fault_point("train-step", state.step)
-            now = time.perf_counter()
-            elapsed = elapsed_before + now - t_start
-            metrics: dict[str, Any] = {"step": state.step, "epoch": state.epoch}
-            last = state.step >= run.max_steps
-            logging_step = state.step % t_cfg.log_every == 0 or last
-            stop_now = False
-            if logging_step or inputs.stop is not None:
-                # one reduction carries the step's loss and whether any rank was asked to stop
-                # (a signal reaches the ranks at different moments: they agree here, at a step boundary)
-                signum = float(inputs.stop.signum or 0) if inputs.stop is not None else 0.0
-                asked = torch.tensor([1.0 if signum else 0.0, signum], device=loss_sum.device)
-                reduced = accelerator.reduce(torch.cat([loss_sum.float().reshape(1), asked]), reduction="sum")
-                askers, signals = reduced[1:].tolist()
-                stop_now = askers > 0
-            if logging_step:
-                mean_loss = reduced[0] / accelerator.loss_replicas  # the shares of the step's per-token mean
-                result.last_loss = float(mean_loss.item())
-                result.best_loss = result.last_loss if result.best_loss is None else min(result.best_loss, result.last_loss)
-                metrics.update(
-                    loss=result.last_loss,
-                    lr=lr,
-                    grad_norm=float(grad_norm) if grad_norm is not None else None,
-                    tokens=state.tokens,
-                    tokens_per_s=result.tokens / max(now - t_start, 1e-9),
-                    elapsed_s=round(elapsed, 4),
-                )
-                if "peak_flops" in basis:
-                    metrics["mfu"] = mfu(metrics["tokens_per_s"], basis["flops_per_token"], basis["peak_flops"])
-            loss_sum.zero_()
-            call_lifecycle("acc_train_step_end", run=run, step=state.step, metrics=metrics)
-            if state.step - result.start_step > WARMUP_STEPS:
-                result.step_times.append(time.perf_counter() - t_step)
-            if inputs.eval_dl is not None and ((t_cfg.eval_every and state.step % t_cfg.eval_every == 0) or last):
-                result.eval_loss = evaluate(accelerator, model, inputs.eval_dl)
-                call_lifecycle("acc_train_eval_end", run=run, step=state.step, metrics={"step": state.step, "eval_loss": result.eval_loss})
-            every = cfg.checkpoint.every
-            if (every and state.step % every == 0) or last or stop_now:
-                state.elapsed_s = elapsed
-                if inputs.stream is not None:  # every rank's position after the rows this step used
-                    from accelerate.utils import gather_object
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                state.batches_in_epoch += 1
+                state.samples_in_epoch += world * t_cfg.micro_batch_size
+                step_loss = loss.detach().float() if step_loss is None else step_loss + loss.detach().float()
+                if not accelerator.sync_gradients:
+                    continue
+                lr = scheduler.get_last_lr()[0]
+                if not accelerator.optimizer_step_was_skipped:
+                    scheduler.step()
+                state.step += 1
+                run.step = state.step
+                clock.mark(state.step)
+                ledger.add(StepValues(state.step, state.epoch, lr, step_loss, grad_norm, step_real))
+                step_loss = None
+                if state.batches_in_epoch >= inputs.batches_per_epoch:
+                    state.epoch += 1
+                    state.batches_in_epoch = state.samples_in_epoch = 0
+                fault_point("train-step", state.step)
+                last = state.step >= run.max_steps
+                stop_signal = agreement.poll() if agreement is not None else None
+                if reads_at(state.step) or stop_signal is not None:
+                    log_rows(ledger.read())
+                call_lifecycle("acc_train_step_end", run=run, step=state.step, metrics={"step": state.step, "epoch": state.epoch, "lr": lr})
+                if evaluating(state.step):
+                    result.eval_loss = evaluate(accelerator, model, inputs.eval_dl, mask)
+                    call_lifecycle("acc_train_eval_end", run=run, step=state.step, metrics={"step": state.step, "eval_loss": result.eval_loss})
+                if saving(state.step) or stop_signal is not None:
+                    state.elapsed_s = elapsed_before + time.perf_counter() - t_start
+                    if inputs.stream is not None:  # every rank's position after the rows this step used
+                        from accelerate.utils import gather_object
 
-                    state.stream = gather_object([inputs.stream.state_dict()])
-                manager.save(model, optimizer, scheduler, state)
-            t_step = time.perf_counter()  # evaluation and saving stay out of the step time
-            if stop_now and not last:
-                result.stopped_by = round(signals / askers)  # the signal the ranks that got one got
+                        state.stream = gather_object([inputs.stream.state_dict()])
+                    manager.save(model, optimizer, scheduler, state)
+                if evaluating(state.step) or saving(state.step) or stop_signal is not None:
+                    clock.restart()  # evaluation and saving stay out of the step time
+                if stop_signal is not None and not last:
+                    result.stopped_by = stop_signal
+                    break
+                if last:
+                    break
+            if result.stopped_by is not None:
                 break
-            if last:
-                break
-        if result.stopped_by is not None:
-            break
+    except BaseException as exc:
+        # the rows of the steps already summed over ranks are written first (no collective:
+        # a peer may be gone), unless the failure is the process group's own
+        if not isinstance(exc, torch.distributed.DistError):
+            with contextlib.suppress(Exception):
+                log_rows(ledger.read_local())
+        raise
+    if agreement is not None:
+        agreement.close()
     # an asynchronous last save is committed before the run is summed up
     result.checkpoint_final_wait_s = manager.finish()
     result.checkpoint_blocked_s = list(manager.blocked_s)

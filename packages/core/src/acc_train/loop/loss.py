@@ -24,7 +24,7 @@ from typing import Any
 from acc_train.data.rows import IGNORE_INDEX, REAL_TOKENS, real_tokens
 from acc_train.errors import UserError
 
-__all__ = ["SHIFTED_LABELS", "step_windows", "sequence_shards", "token_loss", "eval_loss"]
+__all__ = ["SHIFTED_LABELS", "EXPLICIT_MASKS", "step_windows", "sequence_shards", "token_loss", "eval_loss", "packed_mask_kind"]
 
 #: a batch's labels already shifted by one (the label of each position's next token), set by
 #: :func:`sequence_shards`; the model never sees them
@@ -36,28 +36,43 @@ def _counted(batch: dict[str, Any]) -> Any:
     return (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
 
 
-def step_windows(batches: Iterable[dict[str, Any]], accumulation: int, accelerator: Any) -> Iterator[tuple[dict[str, Any], int, int]]:
+def step_windows(
+    batches: Iterable[dict[str, Any]], accumulation: int, accelerator: Any, carry: Any = None
+) -> Iterator[tuple[dict[str, Any], Any, Any]]:
     """Each micro-batch with the number of loss tokens of its whole optimizer step, over all
     ranks, and the step's real tokens (padding left out: what throughput counts): the step's
     micro-batches are read first (every rank reads the same number: an epoch is cut to whole
-    steps), both counts summed across ranks in one all-reduce."""
+    steps), both counts summed across ranks in one all-reduce. The counts stay 0-d tensors on
+    the device: nothing here waits for it.
+
+    ``carry`` (a :class:`acc_train.loop.ledger.StepLedger`) rides on that all-reduce: the
+    previous step's loss, summed over ranks with the counts."""
     import torch
 
     window: list[dict[str, Any]] = []
     for batch in batches:
         window.append(batch)
         if len(window) == accumulation:
-            yield from _with_total(window, accelerator, torch)
+            yield from _with_total(window, accelerator, torch, carry)
             window = []
     if window:
-        yield from _with_total(window, accelerator, torch)
+        yield from _with_total(window, accelerator, torch, carry)
 
 
-def _with_total(window: list[dict[str, Any]], accelerator: Any, torch: Any) -> Iterator[tuple[dict[str, Any], int, int]]:
+def _with_total(window: list[dict[str, Any]], accelerator: Any, torch: Any, carry: Any) -> Iterator[tuple[dict[str, Any], Any, Any]]:
     local = torch.stack([torch.stack([_counted(b), real_tokens(b).to(torch.long)]) for b in window]).sum(0).to(accelerator.device)
-    counted, real = (int(n) // accelerator.batch_replicas for n in accelerator.reduce(local, reduction="sum").tolist())  # a tp/cp group's ranks read one batch
+    if accelerator.num_processes > 1:
+        loss = carry.take() if carry is not None else None
+        # float64 holds token counts exactly up to 2**53; the loss is summed in it too
+        parts = [local.double()] if loss is None else [local.double(), loss.double().reshape(1)]
+        reduced = accelerator.reduce(torch.cat(parts), reduction="sum")
+        if loss is not None:
+            carry.put(reduced[2])
+        local = reduced[:2].round().long()
+    counted, real = local // accelerator.batch_replicas  # a tp/cp group's ranks read one batch
+    counted = counted.clamp(min=1)
     for batch in window:
-        yield batch, max(counted, 1), real
+        yield batch, counted, real
 
 
 @contextmanager
@@ -90,12 +105,52 @@ def sequence_shards(accelerator: Any, batch: dict[str, Any]) -> Iterator[dict[st
         yield {"input_ids": ids, "position_ids": positions, SHIFTED_LABELS: shifted}
 
 
-def _token_losses(model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
+#: attention implementations given a packed batch's block-diagonal causal mask explicitly, and the
+#: form each takes it in (a 4-d mask is passed to them as it is)
+EXPLICIT_MASKS = {"sdpa": "bool", "eager": "additive"}
+
+
+def packed_mask_kind(model: Any) -> str | None:
+    """How to hand this model a packed batch's example boundaries: ``"bool"`` or ``"additive"``
+    (a 4-d block-diagonal causal mask, :data:`EXPLICIT_MASKS`), or None: transformers infers
+    them from the restarting position ids. Inferring reads a tensor back to the host on every
+    forward (``masking_utils.find_packed_sequence_indices`` checks whether any row is packed).
+    A model with a sliding window or other per-layer masks keeps the inference, which builds
+    each layer's own mask; so do flash-attention (its varlen path) and flex attention."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    layer_types = getattr(config, "layer_types", None) or []
+    if getattr(config, "sliding_window", None) or any(t != "full_attention" for t in layer_types):
+        return None
+    return EXPLICIT_MASKS.get(getattr(config, "_attn_implementation", None) or "")
+
+
+def _packed_mask(positions: Any, kind: str, dtype: Any) -> Any:
+    """The block-diagonal causal mask of packed rows, ``(batch, 1, seq, seq)``, from their
+    position ids (each example, and the row's padding, restarts them at 0): what transformers
+    builds from them, without reading anything back."""
+    import torch
+
+    segments = (positions == 0).cumsum(-1)
+    n = positions.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=positions.device).tril()
+    mask = ((segments[:, :, None] == segments[:, None, :]) & causal)[:, None]
+    if kind == "bool":
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+def _token_losses(model: Any, batch: dict[str, Any], mask: str | None = None) -> tuple[Any, Any]:
     """(sum of the batch's token losses, their number); the model runs without labels and
-    without a KV cache (with one, transformers does not build the packed rows' mask)."""
+    without a KV cache (with one, transformers does not build the packed rows' mask). ``mask``
+    (:func:`packed_mask_kind`): a packed batch's boundaries given as an explicit mask."""
+    import torch
     import torch.nn.functional as F
 
     inputs = {k: v for k, v in batch.items() if k not in ("labels", SHIFTED_LABELS, REAL_TOKENS)}
+    if mask is not None and "position_ids" in inputs and "attention_mask" not in inputs and SHIFTED_LABELS not in batch:
+        inputs["attention_mask"] = _packed_mask(inputs["position_ids"], mask, torch.float32)
     logits = model(**inputs, use_cache=False).logits
     if SHIFTED_LABELS in batch:  # this rank's part of each row, labels shifted before the cut
         labels = batch[SHIFTED_LABELS].reshape(-1)
@@ -105,13 +160,13 @@ def _token_losses(model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
     return summed, (labels != IGNORE_INDEX).sum()
 
 
-def token_loss(model: Any, batch: dict[str, Any], step_tokens: int) -> Any:
+def token_loss(model: Any, batch: dict[str, Any], step_tokens: Any, mask: str | None = None) -> Any:
     """This micro-batch's share of the step's per-token mean loss."""
-    summed, _ = _token_losses(model, batch)
+    summed, _ = _token_losses(model, batch, mask)
     return summed / step_tokens
 
 
-def eval_loss(accelerator: Any, model: Any, eval_dl: Any) -> float:
+def eval_loss(accelerator: Any, model: Any, eval_dl: Any, mask: str | None = None) -> float:
     """Mean loss per token over the evaluation loader, all ranks together."""
     import torch
 
@@ -121,7 +176,7 @@ def eval_loss(accelerator: Any, model: Any, eval_dl: Any) -> float:
     with torch.no_grad():
         for batch in eval_dl:
             with sequence_shards(accelerator, batch) as part:  # a cp rank counts its part of the rows
-                summed, n = _token_losses(model, part)
+                summed, n = _token_losses(model, part, mask)
             total += summed.float()
             count += n.to(count.device)
     model.train()

@@ -1,0 +1,82 @@
+"""Packed rows get their examples' boundaries as an explicit block-diagonal causal mask (sdpa,
+eager), built on the device from the restarting position ids: no example sees another, and
+nothing is read back to the host to find the boundaries (transformers' inference does read)."""
+
+from __future__ import annotations
+
+import pytest
+
+from acc_train.loop.loss import _packed_mask, _token_losses, packed_mask_kind
+
+
+def tiny_llama(attn: str, **config: object):  # type: ignore[no-untyped-def]
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, **config
+    )
+    cfg._attn_implementation = attn
+    return LlamaForCausalLM(cfg).eval()
+
+
+def packed_row():  # type: ignore[no-untyped-def]
+    """Three examples (5, 3 and 4 tokens) in one row of 12, and each alone."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    examples = [torch.randint(1, 64, (n,), generator=g) for n in (5, 3, 4)]
+    ids = torch.cat(examples)[None]
+    positions = torch.cat([torch.arange(len(e)) for e in examples])[None]
+    return examples, ids, positions
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_packed_example_gives_the_logits_it_gives_alone(attn: str) -> None:
+    import torch
+
+    model = tiny_llama(attn)
+    kind = packed_mask_kind(model)
+    assert kind == {"sdpa": "bool", "eager": "additive"}[attn]
+    examples, ids, positions = packed_row()
+    with torch.no_grad():
+        packed = model(input_ids=ids, position_ids=positions, attention_mask=_packed_mask(positions, kind, torch.float32), use_cache=False).logits[0]
+        start = 0
+        for example in examples:
+            alone = model(input_ids=example[None], use_cache=False).logits[0]
+            torch.testing.assert_close(packed[start : start + len(example)], alone, atol=1e-5, rtol=1e-5)
+            start += len(example)
+        # the mask is what makes it so: plain causal attention (same positions) lets the later examples see the earlier
+        leaky = model(input_ids=ids, position_ids=positions, attention_mask=torch.ones_like(ids), use_cache=False).logits[0]
+        assert not torch.allclose(leaky[5:8], packed[5:8], atol=1e-3)
+
+
+def test_the_loss_of_a_packed_batch_is_the_loss_transformers_infers() -> None:
+    """The loop's loss with the explicit mask equals the loss with transformers inferring the
+    boundaries from the position ids (what the loop did before)."""
+    import torch
+
+    from acc_train.data.rows import IGNORE_INDEX
+
+    model = tiny_llama("sdpa")
+    _, ids, positions = packed_row()
+    batch = {"input_ids": ids, "position_ids": positions, "labels": ids.masked_fill(positions == 0, IGNORE_INDEX)}
+    with torch.no_grad():
+        explicit, n = _token_losses(model, batch, "bool")
+        inferred, m = _token_losses(model, batch, None)
+    assert int(n) == int(m) == 9
+    torch.testing.assert_close(explicit, inferred)
+
+
+@pytest.mark.parametrize(
+    ("attn", "config"),
+    [("flash_attention_2", {}), ("flex_attention", {}), ("sdpa", {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 4})],
+)
+def test_boundaries_are_left_to_transformers_where_a_single_mask_cannot_say_them(attn: str, config: dict) -> None:
+    """Flash-attention's varlen path and flex attention take the position ids; a model with
+    per-layer masks (a sliding window) needs transformers to build each layer's."""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(_attn_implementation=attn, sliding_window=config.get("sliding_window"), layer_types=config.get("layer_types"))
+    assert packed_mask_kind(SimpleNamespace(config=cfg)) is None
