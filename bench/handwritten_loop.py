@@ -27,10 +27,18 @@ the demo model's config and ``--max-bytes`` the demo corpus's size (acc-train's
 ``model.config`` and ``data.demo_max_bytes``): the device check trains acc-train's ~1B job here.
 
 Launch with ``torchrun --standalone --nproc-per-node N``, or one process as plain ``python``
-(an in-memory store then, no rendezvous); writes a JSON summary (median step
-time, whole-run tokens per second, peak memory per rank, losses) to ``--out``.
+(world size 1: torchrun's variables filled in where they are missing, an in-memory store, no
+rendezvous); rank 0 writes a JSON summary (median step time, whole-run tokens per second, peak
+memory per rank, losses) to ``--out``, atomically (a temporary file renamed into place), so a
+reader that sees the file sees all of it.
+
+Exit: once the summary is written the ranks meet, destroy the process group and end through
+``os._exit(0)``, as acc-train's workers do: a normal interpreter exit ran the destructors of
+torch's and DeepSpeed's threads and sometimes died on them (SIGABRT, "terminate called without an
+active exception") or hung in a futex, after the result was written.
 
 Usage: torchrun --standalone --nproc-per-node 2 bench/handwritten_loop.py --strategy fsdp --steps 60 --out hw.json
+       python bench/handwritten_loop.py --strategy zero3 --steps 20 --out hw.json
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ import json
 import math
 import os
 import resource
+import socket
 import statistics
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -111,6 +121,26 @@ def optimizer_for(model: torch.nn.Module, lr: float, fused: bool = False) -> tor
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, **impl)
 
 
+def default_to_one_process() -> None:
+    """Started as plain ``python`` (none of torchrun's variables): world size 1, with the
+    variables torchrun would set, since DeepSpeed and the device lookup read them."""
+    if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
+        return
+    with socket.socket() as s:  # a free port, in case anything rendezvouses over TCP after all
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for name, value in defaults.items():
+        os.environ.setdefault(name, value)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` replaced in one step: a reader (bench_loop.py polls for it) never sees half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", choices=["ddp", "fsdp", "zero3"], default="ddp")
@@ -132,6 +162,7 @@ def main() -> None:
     if args.optimizer == "ds-fused-adam" and args.strategy != "zero3":
         parser.error("--optimizer ds-fused-adam goes with --strategy zero3")
 
+    default_to_one_process()
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     backend = "nccl" if cuda else "gloo"
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
@@ -230,17 +261,26 @@ def main() -> None:
     per_rank: list = [None] * world
     dist.all_gather_object(per_rank, {"rank": rank, "peak_memory_bytes": peak})
     if rank == 0:
-        Path(args.out).write_text(
+        write_atomically(
+            Path(args.out),
             json.dumps({
                 "strategy": args.strategy, "step_time_s": statistics.median(step_times), "per_rank": per_rank, "losses": losses, "world_size": world,
                 "device": device.type, "mixed_precision": args.mixed_precision,
                 "tokens_per_s": args.steps * args.micro_batch_size * args.seq_len * world / elapsed, "elapsed_s": elapsed,
             })  # fmt: skip
         )
-    dist.barrier()
-    dist.destroy_process_group()
     say(f"done: {args.out}")
+    # the ranks leave together, and the process group goes before the interpreter does
+    dist.barrier()
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:  # the result is written; a teardown error must not lose it
+        print(f"handwritten_loop: rank {rank}: destroy_process_group failed: {exc!r}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
     main()
+    # no interpreter teardown (see the module's docstring): flush what was printed, then go
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
