@@ -61,6 +61,8 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, get_scheduler
 
 WARMUP_STEPS = 3
+#: read the losses back every this many steps (acc-train's training.read_every default, torchtitan's log_freq)
+READ_EVERY = 10
 
 #: acc_train.model.DEMO_MODEL_CONFIG (copied: importing acc_train would weigh on the baseline)
 DEMO_MODEL_CONFIG = {
@@ -216,6 +218,7 @@ def main() -> None:
 
     model.train()
     losses, step_times = [], []
+    held: list = []  # the losses of the steps since the last read
     step = epoch = 0
     t_prev = t_start = time.perf_counter()
     while step < args.steps:
@@ -239,9 +242,12 @@ def main() -> None:
             scheduler.step()
             mean = loss.detach().float()
             dist.all_reduce(mean)
-            losses.append(mean.item())  # a host sync every step, as acc-train's loss log
+            held.append(mean)  # on the device until the next read, as acc-train holds its steps
             step += 1
-            if step <= WARMUP_STEPS or step == args.steps:
+            if step % READ_EVERY == 0 or step == args.steps:  # one host read per READ_EVERY steps
+                losses.extend(torch.stack(held).tolist())
+                held = []
+            if step == args.steps:
                 say(f"step {step} loss {losses[-1]:.4f}")
             now = time.perf_counter()
             if step > WARMUP_STEPS:

@@ -13,7 +13,7 @@ from typing import Any
 
 __all__ = [
     "VERIFIED_ACCELERATE", "already_running", "check_accelerate", "for_a_later_accelerator", "undo_switch_after_reset", "run_sharded_on_cpu",
-    "skip_unused_library_imports",
+    "skip_unused_library_imports", "probe_libraries_once",
 ]  # fmt: skip
 
 #: Accelerate versions (inclusive lower, exclusive upper) whose internals this was verified on.
@@ -115,6 +115,26 @@ def skip_unused_library_imports() -> None:
             library = attr.removeprefix("is_").removesuffix("_available")
             if importlib.util.find_spec(library) is not None:
                 setattr(module, attr, lambda library=library: library in sys.modules)
+
+
+def probe_libraries_once() -> None:
+    """Answer Accelerate's per-step "is this library installed?" probes once per process.
+
+    ``AcceleratedOptimizer.step`` calls ``is_lomo_available()`` twice on every optimizer step,
+    and each call searches ``sys.path`` for the package (``importlib.util.find_spec``): about
+    0.5 ms of every step on this project's CPU, a third of the loop's own cost before issue 32
+    (BENCHMARKS.md). Whether a library is installed does not change while a job runs, so in the
+    modules that probe per step each ``is_<library>_available`` keeps its first answer.
+    """
+    import functools
+    import importlib
+
+    for module_name in ("accelerate.optimizer", "accelerate.accelerator"):
+        module = importlib.import_module(module_name)
+        for attr in [a for a in vars(module) if a.startswith("is_") and a.endswith("_available")]:
+            probe = getattr(module, attr)
+            if callable(probe) and not hasattr(probe, "cache_info"):
+                setattr(module, attr, functools.cache(probe))
 
 
 def for_a_later_accelerator(kwargs: dict[str, Any]) -> bool:

@@ -79,7 +79,10 @@ def token_row(ids: np.ndarray, loss: np.ndarray | None, inner: np.ndarray) -> di
 class Collate:
     """Stacks rows into a batch. ``packed``: every row padded to ``seq_len`` (the padding its own
     segment of position ids, labels -100), no attention mask, and each row's real length in
-    :data:`REAL_TOKENS` (throughput counts real tokens). Otherwise: rows padded to the batch's
+    :data:`REAL_TOKENS` (throughput counts real tokens); the position ids only where some row
+    restarts them (the loop then gives the model the examples' boundaries as a mask,
+    :func:`acc_train.loop.loss.packed_mask_kind`: decided here, on the host, so nothing on the
+    accelerator is read back to decide it). Otherwise: rows padded to the batch's
     longest, with an ``attention_mask``, no position ids."""
 
     seq_len: int
@@ -105,7 +108,10 @@ class Collate:
                 positions[j, k:] = np.arange(width - k)
         batch = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
         if self.packed:
-            batch["position_ids"] = torch.from_numpy(positions)
+            if (positions != np.arange(width, dtype=np.int64)).any():
+                batch["position_ids"] = torch.from_numpy(positions)
+            # else every row is one stretch of one document: the model's own positions and plain
+            # causal attention are the same thing, and the fastest kernels take it (no mask)
             batch[REAL_TOKENS] = torch.from_numpy(mask.sum(axis=1))
         else:
             batch["attention_mask"] = torch.from_numpy(mask)

@@ -112,6 +112,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     elapsed_before = state.elapsed_s  # training time of the runs this one resumes
     t_start = time.perf_counter()
     clipping = bool(t_cfg.max_grad_norm)
+    parameters = list(model.parameters())  # walked once, not at every clip
     mask = packed_mask_kind(accelerator.unwrap_model(model))
     meter = run.model_state_meter
     ledger = StepLedger(accelerator)
@@ -179,7 +180,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                     grad_norm = None
                     if accelerator.sync_gradients and (clipping or reads_at(state.step + 1)):
                         # without clipping, the norm is measured only where the loop reads it
-                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm or math.inf)
+                        grad_norm = accelerator.clip_grad_norm_(parameters, t_cfg.max_grad_norm or math.inf)
                     if accelerator.sync_gradients and meter is not None:
                         meter.at_gradient_sync()
                     optimizer.step()

@@ -75,11 +75,12 @@ def make_accelerator(job: ResolvedJob) -> Accelerator:
     """``acc_train.Accelerator`` for the job's strategy, seeded, compiling as ``training.compile`` says."""
     from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
 
-    from acc_train.accelerate_compat import skip_unused_library_imports
+    from acc_train.accelerate_compat import probe_libraries_once, skip_unused_library_imports
     from acc_train.accelerator import Accelerator
     from acc_train.torch_compile import dynamo_plugin
 
     skip_unused_library_imports()  # acc-train's own loop: a user's script (acc-train launch) is left as it is
+    probe_libraries_once()
     t_cfg = job.config.training
     out = Path(job.config.output_dir)
     accelerator = Accelerator(
