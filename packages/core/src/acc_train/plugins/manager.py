@@ -218,8 +218,11 @@ def library_versions() -> dict[str, str]:
 
 
 def call_lifecycle(name: str, **kwargs: Any) -> None:
-    """Fire a lifecycle hook on all plugins."""
-    getattr(get_plugin_manager().hook, name)(**kwargs)
+    """Fire a lifecycle hook on all plugins (nothing to do, and no call, where none implements it:
+    the loop fires some every step)."""
+    hook = getattr(get_plugin_manager().hook, name)
+    if hook.get_hookimpls():
+        hook(**kwargs)
 
 
 def register_temporarily(plugin: object, name: str) -> Callable[[], None]:
