@@ -130,7 +130,7 @@ def acc_train_train_start(run: Any) -> None:
     run.extras[EXTRAS_KEY] = helper
 
 
-@hookimpl(tryfirst=True)  # before core's reporter writes this step's metrics
+@hookimpl(tryfirst=True)  # the key it adds goes into the step's row of metrics.jsonl
 def acc_train_step_end(run: Any, step: int, metrics: dict[str, Any]) -> None:
     helper = run.extras.get(EXTRAS_KEY) if run is not None else None
     if helper is None:

@@ -150,8 +150,9 @@ def acc_train_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> N
 
     ``metrics`` holds what the host knows without waiting for the accelerator: ``step``,
     ``epoch`` and ``lr``. The step's loss and gradient norm are read later, with other steps'
-    (``training.read_every``), and handed to :func:`acc_train_log`. The return value is
-    ignored.
+    (``training.read_every``), and handed to :func:`acc_train_log`. A plugin may add keys to
+    ``metrics``: they go into the step's row of ``metrics.jsonl`` (on a logged step) when it is
+    written. The return value is ignored.
 
     :param run: the run's context.
     :param step: the optimizer step just completed, counted from 1.

@@ -18,7 +18,7 @@ host clock on a CPU.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["StepValues", "StepReading", "StepLedger", "StepClock"]
@@ -37,6 +37,8 @@ class StepValues:
     grad_norm: Any
     #: the step's real tokens, all ranks (0-d tensor or int)
     tokens: Any
+    #: the dict ``acc_train_step_end`` got: keys plugins added to it go into the step's row
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -50,6 +52,7 @@ class StepReading:
     loss: float
     grad_norm: float | None
     tokens: int
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class StepLedger:
@@ -118,7 +121,7 @@ class StepLedger:
         out = []
         for s in steps:
             norm, tokens = value(s.grad_norm), value(s.tokens)
-            out.append(StepReading(s.step, s.epoch, s.lr, 0.0, None if norm is None else float(norm), int(tokens)))
+            out.append(StepReading(s.step, s.epoch, s.lr, 0.0, None if norm is None else float(norm), int(tokens), s.extra))
         for reading in out:
             reading.loss = next(values) / self.loss_replicas
         return out

@@ -154,6 +154,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
             }
             if "peak_flops" in basis:
                 metrics["mfu"] = mfu(tokens_per_s, basis["flops_per_token"], basis["peak_flops"])
+            metrics.update({k: v for k, v in reading.extra.items() if k not in metrics})  # what plugins added at step_end
             call_lifecycle("acc_train_log", run=run, step=step, metrics=metrics)
 
     def committed(step: int, path: Path) -> None:
@@ -196,7 +197,9 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                 state.step += 1
                 run.step = state.step
                 clock.mark(state.step)
-                ledger.add(StepValues(state.step, state.epoch, lr, step_loss, grad_norm, step_real))
+                # plugins may add keys to this dict (they go into the step's row when it is written)
+                step_metrics: dict[str, Any] = {"step": state.step, "epoch": state.epoch, "lr": lr}
+                ledger.add(StepValues(state.step, state.epoch, lr, step_loss, grad_norm, step_real, step_metrics))
                 step_loss = None
                 if state.batches_in_epoch >= inputs.batches_per_epoch:
                     state.epoch += 1
@@ -204,9 +207,9 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                 fault_point("train-step", state.step)
                 last = state.step >= run.max_steps
                 stop_signal = agreement.poll() if agreement is not None else None
+                call_lifecycle("acc_train_step_end", run=run, step=state.step, metrics=step_metrics)
                 if reads_at(state.step) or stop_signal is not None:
                     log_rows(ledger.read())
-                call_lifecycle("acc_train_step_end", run=run, step=state.step, metrics={"step": state.step, "epoch": state.epoch, "lr": lr})
                 if evaluating(state.step):
                     result.eval_loss = evaluate(accelerator, model, inputs.eval_dl, mask)
                     call_lifecycle("acc_train_eval_end", run=run, step=state.step, metrics={"step": state.step, "eval_loss": result.eval_loss})
