@@ -68,7 +68,12 @@ class DeepSpeedOptions(StrategyOptions):
     )
     zero3_save_16bit_model: bool | None = Field(
         None,
-        description="Gather 16-bit weights when DeepSpeed saves the model (stage 3).",
+        description=(
+            "Gather the whole model's 16-bit weights when the model is saved (stage 3; DeepSpeed's "
+            "`stage3_gather_16bit_weights_on_model_save`). Default: on, so `accelerator.get_state_dict(model)` "
+            "and `save_pretrained` keep the trained model; it costs one gather of the weights at such a save "
+            "(checkpoints do not use it). `false` leaves a program's 16-bit save refused by DeepSpeed."
+        ),
     )
     overlap_comm: bool | None = Field(None, description="Overlap gradient reduction with backward (DeepSpeed's `overlap_comm`).")
     contiguous_gradients: bool | None = Field(
@@ -217,7 +222,7 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
                 "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": options.offload_optimizer,
                 "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": options.offload_param,
                 "ACCELERATE_DEEPSPEED_ZERO3_INIT": init,
-                "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "true" if stage == 3 and options.zero3_save_16bit_model else "false",
+                "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "true" if stage == 3 and options.zero3_save_16bit_model is not False else "false",
             }
         )
         return env
@@ -273,7 +278,7 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
         if options.offload_param != "none":
             zero["offload_param"] = {"device": options.offload_param, **({"nvme_path": options.nvme_path} if options.offload_param == "nvme" else {})}
         if options.zero_stage == 3:
-            zero["stage3_gather_16bit_weights_on_model_save"] = bool(options.zero3_save_16bit_model)
+            zero["stage3_gather_16bit_weights_on_model_save"] = options.zero3_save_16bit_model is not False  # default on
         return {
             "train_micro_batch_size_per_gpu": "auto",
             "gradient_accumulation_steps": gas,
