@@ -16,6 +16,17 @@ from acc_train.metrics import read_metrics
 from acc_train.trainer import check_output_dir, train
 
 
+#: the demo job at its smallest, fp32, no progress bar (one process, in this module's tests)
+TINY_DEMO = [
+    "model.config={hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}",
+    "data.seq_len=16",
+    "data.demo_max_bytes=20000",
+    "training.micro_batch_size=2",
+    "training.mixed_precision=no",
+    "training.progress_bar=false",
+]
+
+
 @pytest.fixture(autouse=True)
 def single_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -112,15 +123,7 @@ def test_a_run_that_fails_writes_the_rows_it_held_first(tmp_path: Path, monkeypa
     monkeypatch.setattr(loop, "fault_point", failing)
     job = load_job(
         flags={"output_dir": (str(tmp_path / "run"), "--output-dir"), "training.max_steps": (12, "--max-steps")},
-        sets=[
-            "model.config={hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}",
-            "data.seq_len=16",
-            "data.demo_max_bytes=20000",
-            "training.micro_batch_size=2",
-            "training.mixed_precision=no",
-            "training.progress_bar=false",
-            "checkpoint.every=0",
-        ],
+        sets=[*TINY_DEMO, "checkpoint.every=0"],
     )
     out = check_output_dir(job)
     with pytest.raises(RuntimeError, match="the step failed"):
@@ -133,14 +136,7 @@ def test_a_run_that_fails_writes_the_rows_it_held_first(tmp_path: Path, monkeypa
 def test_resume_refuses_settings_that_change_the_data_order(tmp_path: Path) -> None:
     from acc_train.errors import UserError
 
-    sets = [
-        "model.config={hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}",
-        "data.seq_len=16",
-        "data.demo_max_bytes=20000",
-        "training.micro_batch_size=2",
-        "training.mixed_precision=no",
-        "training.progress_bar=false",
-    ]
+    sets = TINY_DEMO
     out = str(tmp_path / "run")
     job = load_job(flags={"output_dir": (out, "--output-dir"), "training.max_steps": (2, "--max-steps")}, sets=sets)
     check_output_dir(job)
@@ -166,14 +162,7 @@ def test_a_worker_imports_no_library_its_job_does_not_use(tmp_path: Path) -> Non
 
     job = load_job(
         flags={"output_dir": (str(tmp_path / "run"), "--output-dir"), "training.max_steps": (2, "--max-steps")},
-        sets=[
-            "model.config={hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}",
-            "data.seq_len=16",
-            "data.demo_max_bytes=20000",
-            "training.micro_batch_size=2",
-            "training.mixed_precision=no",
-            "training.progress_bar=false",
-        ],
+        sets=TINY_DEMO,
     )
     check_output_dir(job)
     config = tmp_path / "job.yaml"  # as the command hands it to the workers
