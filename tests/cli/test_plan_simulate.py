@@ -16,10 +16,10 @@ DEMO_PSI = 1_426_752  # the demo model's parameters (test_plan.py)
 
 @pytest.fixture(scope="module")
 def simulated() -> tuple[int, dict, str]:
-    """The demo job in fp32 at 4 ranks, fsdp2, ddp and zero3-offload, with a device memory fsdp2's step exceeds."""
+    """The demo job in fp32 at 4 ranks, fsdp2, ddp, zero3-offload and FSDP 2 x tp 2, with a device memory fsdp2's step exceeds."""
     proc = run_cli(
-        "plan", "--simulate", "--strategies", "fsdp2,ddp,zero3-offload", "--json", "--num-processes", "4", "--mixed-precision", "no",
-        "--device-memory", "8MiB",
+        "plan", "--simulate", "--strategies", "fsdp2,ddp,zero3-offload", "--mesh", "shard=2,tp=2", "--json", "--num-processes", "4",
+        "--mixed-precision", "no", "--device-memory", "8MiB",
     )
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
@@ -45,11 +45,33 @@ def test_fsdp2_simulated_holds_what_fsdp2_shards(simulated: tuple[int, dict, str
     assert [r["ranks"] for r in entry["ranks"]] in ([[0, 3]], [[0], [3]])
 
 
+def test_ddp_simulated_holds_a_whole_replica_and_its_gradient_bucket(simulated: tuple[int, dict, str]) -> None:
+    _, data, stderr = simulated
+    entry = {e["name"]: e for e in data["strategies"]}["ddp"]
+    sim = entry["simulated"]
+    assert sim is not None, entry["how"] + stderr[-2000:]
+    assert sim["parameters_bytes"] == pytest.approx(4 * DEMO_PSI, abs=1024)  # every rank the whole model (+ its rotary buffer)
+    assert sim["optimizer_bytes"] == pytest.approx(2 * 4 * DEMO_PSI, abs=1024)
+    # the reducer's bucket (gradient_as_bucket_view off): a second copy of every gradient, beside the model
+    assert sim["other_bytes"] >= 4 * DEMO_PSI
+    assert entry["collectives"]["all_reduce"]["bytes"] == 4 * DEMO_PSI  # every gradient all-reduced once
+    assert "MemTracker" in sim["how"] and [r["ranks"] for r in entry["ranks"]] == [[0, 3]]
+
+
+def test_fsdp_x_tp_simulated_on_every_rank_kind(simulated: tuple[int, dict, str]) -> None:
+    _, data, stderr = simulated
+    entry = {e["name"]: e for e in data["strategies"]}["fsdp2 mesh replicate=1,shard=2,tp=2"]
+    sim = entry["simulated"]
+    assert sim is not None, entry["how"] + stderr[-2000:]
+    # the last rank of a tp group is simulated too, and holds what rank 0 holds
+    assert [r["ranks"] for r in entry["ranks"]] == [[0, 3]]
+    assert 4 * DEMO_PSI / 4 <= sim["parameters_bytes"] <= 4 * DEMO_PSI / 4 * 1.02  # sharded over dp_shard x tp
+    assert sim["optimizer_bytes"] == pytest.approx(2 * sim["parameters_bytes"], rel=0.01)  # the optimizer steps every parameter
+    assert entry["collectives"]["all_reduce"]["count"] >= 1  # the row-parallel layers' partial sums
+
+
 def test_a_strategy_that_cannot_be_simulated_says_so(simulated: tuple[int, dict, str]) -> None:
     _, data, _ = simulated
-    ddp = {e["name"]: e for e in data["strategies"]}["ddp"]
-    # DDP's C++ reducer takes no fake tensors: never a formula passed off as a simulation
-    assert ddp["simulated"] is None and ddp["how"].startswith("not simulated: ") and "plan's formula" in ddp["how"]
     # an offload preset runs on the cluster's GPUs, and this CPU machine refuses it: said, not an error of the plan
     offload = {e["name"]: e for e in data["strategies"]}["zero3-offload"]
     assert offload["simulated"] is None and "refuses" in offload["how"] and "offload" in offload["how"]
@@ -87,3 +109,11 @@ def test_a_mesh_whose_tp_does_not_divide_the_heads_is_exit_2(tmp_path: Path) -> 
 def test_a_mesh_whose_product_is_not_the_world_is_exit_2() -> None:
     proc = run_cli("plan", "--num-processes", "8", "--mesh", "replicate=3,shard=2")
     assert proc.returncode == 2 and "8 processes" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_wrap_policy_that_leaves_the_layers_unwrapped_is_exit_2() -> None:
+    # the size policy's default (1e8 parameters) wraps none of the demo's layers: FSDP would gather the whole model at once
+    proc = run_cli("--strategy", "fsdp", "plan", "--num-processes", "4", "--set", "strategy.auto_wrap_policy=size")
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "strategy.auto_wrap_policy" in proc.stderr and "LlamaDecoderLayer" in proc.stderr and "min_num_params" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -167,3 +167,50 @@ def test_accelerate_parallelism_config_that_acc_train_cannot_run_is_refused(fsdp
     with pytest.raises(UserError, match=message) as caught:
         strategy_from_accelerate_config(fsdp, parallelism)
     assert caught.value.where == where
+
+
+def _meta_llama(layers: int = 4, vocab: int = 256) -> object:
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4)
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize(
+    ("options", "refused"),
+    [
+        ({"auto_wrap_policy": "transformer"}, None),
+        ({"auto_wrap_policy": "none"}, None),  # one unit, asked for by name
+        ({"auto_wrap_policy": "size", "min_num_params": 1_000}, None),  # each layer (and its parts) a unit
+        # the default 1e8 wraps none of a small model's layers: every one gathered at once
+        ({"auto_wrap_policy": "size"}, "wraps nothing and leaves 4 of its 4 LlamaDecoderLayer layers in the root unit, 100.0% of the parameters"),
+    ],
+)
+def test_a_wrap_policy_that_leaves_the_layers_in_the_root_unit_is_refused(options: dict, refused: str | None) -> None:
+    strategy = resolve_strategy("fsdp", options)
+    model = _meta_llama()
+    if refused is None:
+        strategy.check_model(model)
+        return
+    with pytest.raises(UserError, match=refused) as caught:
+        strategy.check_model(model)
+    assert caught.value.where == "strategy.auto_wrap_policy"
+    assert "lower strategy.min_num_params to at most 41,088" in caught.value.hint  # one layer: 4*64*64 + 3*64*128 + 2*64
+
+
+def test_a_plugin_wrap_policy_that_wraps_the_wrong_modules_is_refused() -> None:
+    from acc_train.api import WrapPolicy
+    from acc_train_fsdp.policies import check_units
+
+    class NormsOnly(WrapPolicy):
+        name = "norms"
+        description = "each RMSNorm a unit"
+
+        def build(self, model: object, options: dict) -> object:
+            return lambda module: type(module).__name__ == "LlamaRMSNorm"
+
+    with pytest.raises(UserError, match=r"wraps 5 units and leaves 2 of its 2 LlamaDecoderLayer layers in the root unit, 99.7%") as caught:
+        check_units(_meta_llama(layers=2), NormsOnly(), {})
+    assert "auto_wrap_policy: transformer" in caught.value.hint

@@ -159,6 +159,7 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
             }
         )
 
+    job.strategy.check_model(shape.model)  # what the job's run would refuse of the model (a wrap policy, heads tp does not divide)
     for strategy, _owner in strategies().primary():
         for label, raw in strategy.plan_variants().items():
             variant = resolve_strategy(strategy.name, raw)

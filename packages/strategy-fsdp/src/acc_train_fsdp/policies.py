@@ -12,7 +12,7 @@ from typing import Any
 
 from acc_train.api import UserError, WrapPolicy, closest
 
-__all__ = ["TransformerLayerPolicy", "SizePolicy", "NoWrapPolicy", "layer_class_names"]
+__all__ = ["TransformerLayerPolicy", "SizePolicy", "NoWrapPolicy", "layer_class_names", "check_units"]
 
 
 def _class_names(model: Any) -> set[str]:
@@ -67,3 +67,38 @@ class NoWrapPolicy(WrapPolicy):
 
     def build(self, model: Any, options: dict[str, Any]) -> Callable[[Any], bool]:
         return lambda module: False
+
+
+def check_units(model: Any, policy: WrapPolicy, options: dict[str, Any]) -> None:
+    """Refuse a wrap policy that leaves most of the model in the root unit with its layers in it:
+    FSDP would gather all of them at once, in every forward and backward, and a model that needs
+    sharding runs out of memory (on a cluster, after the queue and the download). ``none`` asks
+    for one unit on purpose and is not checked; a layer is a class of the model's
+    ``_no_split_modules`` (what the transformer policy wraps)."""
+    if policy.name == "none":
+        return
+    predicate = policy.build(model, options)
+    units = [m for m in model.modules() if m is not model and predicate(m)]
+    covered = {id(p) for unit in units for p in unit.parameters()}
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    in_root = sum(p.numel() for p in params if id(p) not in covered)
+    layer_names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in layer_names]
+    left = [m for m in layers if any(id(p) not in covered for p in m.parameters())]
+    if not total or in_root * 2 <= total or (layers and not left):
+        return
+    share = f"{in_root / total:.1%} of the parameters ({in_root:,} of {total:,})"
+    what = f"{len(left)} of its {len(layers)} {type(left[0]).__name__} layers" if left else "every submodule"
+    largest = max((sum(p.numel() for p in m.parameters()) for m in left), default=0)
+    hint = (
+        f"lower strategy.min_num_params to at most {largest:,} (one layer's parameters), or use auto_wrap_policy: transformer"
+        if policy.name == "size"
+        else "use auto_wrap_policy: transformer, or auto_wrap_policy: none to keep one unit on purpose"
+    )
+    raise UserError(
+        f"wrap policy {policy.name!r} wraps {'nothing' if not units else f'{len(units)} units'} and leaves {what} in the root unit, "
+        f"{share}: FSDP would gather them all at once in every step",
+        where="strategy.auto_wrap_policy",
+        hint=hint,
+    )

@@ -87,7 +87,8 @@ class FSDPStrategy(Strategy[FSDPOptions]):
 
     def check_model(self, model: Any) -> None:
         """``tp`` must divide the model's attention heads (query and key/value), and cannot cut
-        a model PEFT has wrapped (:meth:`_tensor_parallel`); ``cp`` needs SDPA attention."""
+        a model PEFT has wrapped (:meth:`_tensor_parallel`); ``cp`` needs SDPA attention; the
+        wrap policy must not leave the model's layers in the root unit (:func:`check_units`)."""
         if self.options.tp not in (None, 1):
             from acc_train_fsdp.tensor_parallel import check_tp_fits
 
@@ -97,6 +98,10 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             from acc_train_fsdp.context_parallel import check_cp_model
 
             check_cp_model(model, self.options.cp)
+        from acc_train.api import wrap_policies
+        from acc_train_fsdp.policies import check_units
+
+        check_units(model, wrap_policies().get(self.options.auto_wrap_policy), self.options.model_dump())
 
     def check_job(self, config: Any) -> None:
         """``cp`` needs rows it can cut: ``data.seq_len`` divisible by 2 x cp, packed, SDPA; a

@@ -75,11 +75,11 @@ def _optimizer(model: Any, job: ResolvedJob) -> Any:
     return optimizer
 
 
-def _batch(job: ResolvedJob, vocab: int) -> dict[str, Any]:
+def _batch(job: ResolvedJob, vocab: int, device: Any) -> dict[str, Any]:
     import torch
 
     b, s = job.config.training.micro_batch_size, job.config.data.seq_len
-    ids = torch.randint(0, vocab, (b, s))
+    ids = torch.randint(0, vocab, (b, s), device=device)
     return {"input_ids": ids, "labels": ids.clone()}
 
 
@@ -139,6 +139,21 @@ def _tracker(strategy: Any, model: Any, optimizer: Any) -> tuple[Any, str]:
     return tracker, "MemTracker"
 
 
+def _track_held_outside(tracker: Any) -> None:
+    """Tell the tracker of what an engine allocated before it was entered and holds outside the
+    model and the optimizer (DDP's gradient buckets: :data:`acc_train.simulate.world.HELD_OUTSIDE`),
+    as temporary memory. A real run's DDP rebuilds its buckets in the second step's forward,
+    where the tracker sees them allocated; the simulation keeps the first ones."""
+    from acc_train.simulate.world import HELD_OUTSIDE
+
+    if not HELD_OUTSIDE:
+        return
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    for tensor in HELD_OUTSIDE:
+        tracker._update_and_maybe_create_winfos(tensor, _MemRefType.TEMP)
+
+
 def simulate_rank(job: ResolvedJob, rank: int, world_size: int, local_world_size: int) -> dict[str, Any]:
     """Simulate ``rank`` of the job's world: its peak and the parts of it, where it was reached,
     the collectives of one step, and what the simulation cost (seconds, this process's RSS)."""
@@ -173,9 +188,11 @@ def measure_step(job: ResolvedJob) -> dict[str, Any]:
     # an empty loader of the job's micro-batch, as the loop's stand-in: a strategy may read the size from it
     model, optimizer, _ = accelerator.prepare(model, optimizer, DataLoader([], batch_size=t_cfg.micro_batch_size))
     vocab = accelerator.unwrap_model(model).config.vocab_size
+    # where the model's parameters are (fake tensors keep "cpu" and "cpu:0" apart; real ones do not)
+    device = next(accelerator.unwrap_model(model).parameters()).device
 
     def step() -> None:
-        loss = model(**_batch(job, vocab)).loss
+        loss = model(**_batch(job, vocab, device), use_cache=False).loss  # as the loop calls it (loop/loss.py)
         accelerator.backward(loss)
         if t_cfg.max_grad_norm:
             accelerator.clip_grad_norm_(model.parameters(), t_cfg.max_grad_norm)
@@ -187,6 +204,7 @@ def measure_step(job: ResolvedJob) -> dict[str, Any]:
     where = _PeakWhere(tracker)
     counter = CollectiveCounter()
     with tracker:  # its own optimizer hooks first: the state is tracked as such when ours run
+        _track_held_outside(tracker)
         inner = torch_optimizer(optimizer)
 
         def step_pre(*_: Any) -> None:
