@@ -79,15 +79,21 @@ def test_the_seeds_script_gives_ddps_losses(seed_runs: dict, strategy: str) -> N
     [
         ("test_script.py", "Distributed environment: DistributedType.MULTI_CPU  Backend: gloo\nNum processes: 2"),
         ("test_sync.py", "**Test Distributed `no_sync` context manager**"),  # printed only on a distributed run
+        ("test_ops.py", "testing reduce_sum"),  # PartialState alone, no Accelerator: still one 2-process job
     ],
 )
 def test_accelerates_own_test_scripts_pass_under_ddp(script: str, shows: str) -> None:
     """One real 2-process run: each script checks its own results against the world size."""
-    import accelerate.test_utils.scripts as scripts
-
-    proc = launch("ddp", str(Path(scripts.__file__).parent / script))
+    proc = launch("ddp", accelerate_script(script))
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert shows in proc.stdout
+    assert "ran it on its own" not in proc.stderr  # a process group built through PartialState counts
+
+
+def accelerate_script(name: str) -> str:
+    import accelerate.test_utils.scripts as scripts
+
+    return str(Path(scripts.__file__).parent / name)
 
 
 # --- acc_train.Accelerator under other people's patterns ---------------------------------------
@@ -111,9 +117,7 @@ def test_later_acc_train_accelerators_in_one_process_run_the_strategy(strategy: 
 
 @pytest.mark.xdist_group("unchanged-scripts")
 def test_accelerates_test_script_passes_with_acc_train_accelerator_forced_in() -> None:
-    import accelerate.test_utils.scripts as scripts
-
-    script = str(Path(scripts.__file__).parent / "test_script.py")
+    script = accelerate_script("test_script.py")
     proc = run_cli("--strategy", "ddp", "--num-processes", "2", "--mixed-precision", "bf16", "launch", str(PROGRAMS / "acc_train_accelerators.py"), script)
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert "Num processes: 2\nProcess index: 0" in proc.stdout and "Mixed precision type: bf16" in proc.stdout
@@ -129,11 +133,14 @@ def test_accelerates_test_script_passes_with_acc_train_accelerator_forced_in() -
         ("fsdp", "no_accelerator.py", 'the program never built an accelerate.Accelerator, so strategy "fsdp" had no effect on it'),
         ("zero3", "own_ddp.py", 'wraps its model in torch.nn.parallel.DistributedDataParallel itself, so strategy "deepspeed" would not apply'),
         ("zero2", "fsdp_plugin.py", 'builds Accelerator(fsdp_plugin=...), which asks Accelerate for strategy "fsdp", but acc-train launch was asked for strategy "deepspeed"'),
+        # Accelerate's own: PartialState and no Accelerator; a plugin written for FSDP1
+        ("zero3", "accelerate:test_ops.py", "it joined the process group (PartialState or init_process_group), but no model was prepared by one"),
+        ("fsdp", "accelerate:test_merge_weights.py", 'FullyShardedDataParallelPlugin(sharding_strategy=FULL_SHARD), an FSDP1 setting, but acc-train launch was asked for strategy "fsdp" (FSDP2)'),
     ],
-    ids=["no-accelerator", "own-ddp", "contradicting-plugin"],
+    ids=["no-accelerator", "own-ddp", "contradicting-plugin", "partial-state-only", "fsdp1-plugin-under-fsdp2"],
 )
 def test_a_strategy_that_cannot_apply_is_an_error_naming_it(strategy: str, program: str, says: str) -> None:
-    proc = launch(strategy, str(PROGRAMS / program))
+    proc = launch(strategy, accelerate_script(program.split(":", 1)[1]) if program.startswith("accelerate:") else str(PROGRAMS / program))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert says in proc.stderr
     assert "Traceback" not in proc.stderr.split("error: ", 1)[-1]

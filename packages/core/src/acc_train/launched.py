@@ -19,10 +19,12 @@ __all__ = ["LaunchedProgram", "adopt_accelerate", "is_plain"]
 
 class LaunchedProgram:
     """What a program ``acc-train launch`` runs unchanged did with Accelerate, for the checks at
-    its exit: how many Accelerators it built."""
+    its exit: how many Accelerators it built, and whether it joined a process group (its own
+    ``init_process_group``, or Accelerate's ``PartialState``), which it may have left again."""
 
     def __init__(self) -> None:
         self.accelerators = 0
+        self.process_group = False
 
 
 def is_plain(expected: set[str]) -> bool:
@@ -114,6 +116,16 @@ def adopt_accelerate(strategy: Any, machine: Any) -> LaunchedProgram:
         return original_prepare_model(self, model, *args, **kwargs)
 
     cls.__init__, cls.prepare, cls.prepare_model = __init__, prepare, prepare_model  # type: ignore[method-assign]
+
+    original_init_group = torch.distributed.init_process_group
+
+    @functools.wraps(original_init_group)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        program.process_group = True
+        return original_init_group(*args, **kwargs)
+
+    torch.distributed.init_process_group = init_process_group
+    strategy.before_program(machine)
 
     if not is_plain(expected):
         ddp = torch.nn.parallel.DistributedDataParallel

@@ -44,15 +44,20 @@ def main() -> None:
             else:
                 runpy.run_path(program, run_name="__main__")
             expected = strategy.expected_distributed_types(machine)
+            joined = program_state.process_group or dist.is_initialized()
             if program_state.accelerators == 0 and not is_plain(expected):
+                how = (
+                    "it joined the process group (PartialState or init_process_group), but no model was prepared by one"
+                    if joined
+                    else f"each of the {machine.world_size} processes ran it on its own"
+                )
                 raise UserError(
-                    f'the program never built an accelerate.Accelerator, so strategy "{strategy.name}" had no effect on it '
-                    f"(each of the {machine.world_size} processes ran it on its own)",
+                    f'the program never built an accelerate.Accelerator, so strategy "{strategy.name}" had no effect on it ({how})',
                     where=program,
                     hint="build the model and optimizer through accelerate.Accelerator (or HF Trainer / TRL, which do), "
                     "or launch a program that does not need one with --strategy ddp",
                 )
-            if program_state.accelerators == 0 and machine.world_size > 1 and not dist.is_initialized() and is_local_main_process():
+            if program_state.accelerators == 0 and machine.world_size > 1 and not joined and is_local_main_process():
                 sys.stderr.write(
                     f"warning: the program built no accelerate.Accelerator and no process group: each of the "
                     f"{machine.world_size} processes ran it on its own\n"

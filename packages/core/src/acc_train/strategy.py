@@ -185,6 +185,12 @@ class Strategy(ABC, Generic[OptionsT]):
         where options no variable carries are applied, and where a strategy switches Accelerate
         to itself on a machine where Accelerate would fall back to another."""
 
+    def before_program(self, machine: Machine) -> None:
+        """Called in each worker of ``acc-train launch`` just before the user's program starts
+        (after Accelerate's own classes are adopted): where a strategy refuses, with an error a
+        person can act on, what a program may build that cannot run under it (e.g. a plugin
+        written for another version of the strategy, which would fail inside Accelerate)."""
+
     def before_prepare(self, accelerator: Accelerator, model: Any) -> None:
         """Called with each model just before Accelerate prepares (wraps) it, e.g. to resolve a
         wrap policy against the model's layers. In a program launched unchanged

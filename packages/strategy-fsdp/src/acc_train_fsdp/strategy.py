@@ -374,6 +374,28 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             )
         return False
 
+    def before_program(self, machine: Machine) -> None:
+        """A program that builds its own ``FullyShardedDataParallelPlugin`` for the other FSDP
+        version than the one launched is refused as the plugin is built (Accelerate would raise
+        a ValueError from inside it, or, given ``fsdp_version`` itself, run the other version):
+        the program's plugin is followed otherwise, so a silent switch of version is the only
+        alternative, and the launch asked for this one."""
+        from accelerate.utils import dataclasses as accelerate_dataclasses
+
+        from acc_train_fsdp.program_plugin import refuse_other_version
+
+        plugin_class = accelerate_dataclasses.FullyShardedDataParallelPlugin
+        original = plugin_class.__post_init__
+        launched = self.options.version
+        name = self.name if launched == 2 else "fsdp1"
+
+        @functools.wraps(original)
+        def __post_init__(plugin: Any) -> None:
+            refuse_other_version(plugin, launched, name)
+            original(plugin)
+
+        plugin_class.__post_init__ = __post_init__
+
     def after_accelerator(self, accelerator: Any) -> None:
         """On CPU, switch Accelerate to FSDP with the strategy's plugin (or, in a program
         launched unchanged, the one Accelerate built from the launch variables or the program
