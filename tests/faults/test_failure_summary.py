@@ -60,3 +60,17 @@ def test_a_busy_main_process_port_is_exit_2_naming_it(tmp_path: Path, tiny_model
     assert f"error: launch.main_process_port: port {port} on this machine is already in use" in proc.stderr
     assert "hint: set --main-process-port" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_ranks_that_all_lost_a_peer_are_one_lost_peer_message(tmp_path: Path) -> None:
+    gloo = "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:3773"
+    failures = {0: _recorded(tmp_path, 0, gloo, 1), 1: _recorded(tmp_path, 1, gloo.replace("3773", "3774"), 2)}
+    failed = _failure_report(ChildFailedError("worker", failures))
+    assert failed.lost_peer and failed.exit_code == 1
+    assert failed.report == (
+        "lost a peer: rank 0 lost its connection to another rank (Connection closed by peer [10.0.0.2]:3773); rank 1 stopped with it. "
+        "A process on another machine died, or that machine was lost; its own log says which"
+    )
+    # a rank of this machine that died is the cause, not a lost peer
+    failures[2] = _silent(2, -9)
+    assert not _failure_report(ChildFailedError("worker", failures)).lost_peer

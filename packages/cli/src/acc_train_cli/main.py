@@ -120,6 +120,7 @@ def _launch_and_report(job: Any) -> None:
             cfg.launch,
             worker_command("acc_train.worker", config_path),
             {"ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision, "ACC_TRAIN_LAUNCH_TIME": repr(started), **_peak_env(cfg)},
+            output_dir=cfg.output_dir,
         )
         stopped = read_stop_marker(config_path)
     if received is not None or stopped is not None:
@@ -191,21 +192,54 @@ def _prepare_data(cfg: Any) -> Any:
     return prepare_data(cfg.data, load_tokenizer(cfg.model))
 
 
-def _run_workers(section: Any, args: list[str], env: dict[str, str]) -> int | None:
+def _run_workers(section: Any, args: list[str], env: dict[str, str], output_dir: str | None = None) -> int | None:
     """Start the workers; a failed run exits with the workers' code (a user error's included).
-    Returns the signal the launcher got and passed on to the workers, if one stopped it."""
+    Returns the signal the launcher got and passed on to the workers, if one stopped it.
+    ``output_dir``: a training run's, for what a lost peer leaves (:func:`_lost_peer_advice`)."""
     from acc_train.errors import EXIT_USER_ERROR
     from acc_train.launcher import LaunchFailed, LaunchStopped, launch
 
     try:
         launch(section, args, env)
     except LaunchFailed as exc:
+        if exc.lost_peer:
+            click.echo(f"error: {exc.report}\n{_lost_peer_advice(section, output_dir)}", err=True)
+            sys.exit(exc.exit_code)
         prefix = "error: " if exc.exit_code == EXIT_USER_ERROR else "error: training failed\n"
         click.echo(prefix + exc.report, err=True)
         sys.exit(exc.exit_code)
     except LaunchStopped as exc:
         return exc.signum
     return None
+
+
+def _again_with_resume_auto(argv: list[str]) -> str:
+    """This command as it was typed, with ``--resume auto`` in place of any ``--resume``."""
+    import shlex
+
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True
+        elif not arg.startswith("--resume="):
+            kept.append(arg)
+    return shlex.join(["acc-train", *kept, "--resume", "auto"])
+
+
+def _lost_peer_advice(section: Any, output_dir: str | None) -> str:
+    """What a run that lost a peer leaves, and how to go on: the last complete checkpoint (a
+    training run's) and the command to start again on every machine."""
+    machines = f"on each of the {section.num_machines} machines (each with its own --machine-rank)" if section.num_machines > 1 else "again"
+    if output_dir is None:  # a program launched unchanged: its own checkpoints are its business
+        return f"  restart: the same acc-train launch command {machines}"
+    from acc_train.checkpoint import find_checkpoint
+
+    latest = find_checkpoint(Path(output_dir), "auto") if os.path.isdir(output_dir) else None
+    since = f"last complete checkpoint: {latest}" if latest else "no checkpoint was complete yet: the restart trains from step 0"
+    return f"  {since}\n  restart {machines}: {_again_with_resume_auto(sys.argv[1:])}"
 
 
 def _say_stopped(cfg: Any, received: int | None, stopped: dict | None) -> None:

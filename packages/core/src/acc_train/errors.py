@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["UserError", "PluginError", "closest", "EXIT_USER_ERROR"]
+__all__ = ["UserError", "PluginError", "closest", "EXIT_USER_ERROR", "LOST_PEER", "is_lost_peer"]
 
 EXIT_USER_ERROR = 2
 
@@ -38,3 +38,12 @@ def closest(name: str, candidates: Iterable[str]) -> str | None:
     """The closest valid name to a misspelt one, or None when nothing is close."""
     matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return matches[0] if matches else None
+
+
+#: what a rank records when another rank died under it: a symptom, not the cause
+LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout", "NCCL communicator was aborted", "ProcessGroupNCCL", "Timed out")
+
+
+def is_lost_peer(text: str) -> bool:
+    """Whether an error's text is a lost peer's symptom (:data:`LOST_PEER`)."""
+    return any(s in text for s in LOST_PEER)

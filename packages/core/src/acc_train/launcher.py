@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import os
 import sys
 import uuid
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from acc_train.config import LaunchConfig as LaunchSection
-from acc_train.errors import EXIT_USER_ERROR
+from acc_train.errors import EXIT_USER_ERROR, is_lost_peer
 
 __all__ = ["launch", "LaunchFailed", "LaunchStopped", "default_num_processes", "worker_command"]
 
@@ -34,6 +35,9 @@ class LaunchFailed(Exception):
 
     exit_code: int
     report: str
+    #: every recorded failure on this machine is a lost peer's symptom (a rank of another
+    #: machine died, or its machine was lost): the command adds the checkpoint and the restart
+    lost_peer: bool = False
 
     def __str__(self) -> str:
         return self.report
@@ -175,8 +179,6 @@ def _rendezvous_report(section: LaunchSection, exc: Exception) -> LaunchFailed:
     return LaunchFailed(EXIT_USER_ERROR, f"launch.main_process_port: {what} ({text[:300]})\n  hint: {hint}")
 
 
-#: what a rank records when another rank died under it: a symptom, not the cause
-LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout", "NCCL communicator was aborted", "ProcessGroupNCCL", "Timed out")
 
 
 #: how the worker's error file begins for errors in the user's hands (``type(e).__name__: ``)
@@ -202,7 +204,7 @@ def _root_cause(exc: Any) -> tuple[int, Any]:
     (killed by the kernel, crashed in native code, exited on its own); else the earliest."""
     failures = exc.failures
     recorded = {r: f for r, f in failures.items() if _recorded(f)}
-    causes = {r: f for r, f in recorded.items() if not any(s in _message(f) for s in LOST_PEER)}
+    causes = {r: f for r, f in recorded.items() if not is_lost_peer(_message(f))}
     if causes:
         rank = min(causes, key=lambda r: causes[r].timestamp)
         return rank, causes[rank]
@@ -213,9 +215,26 @@ def _root_cause(exc: Any) -> tuple[int, Any]:
     return exc.get_first_failure()
 
 
+def _lost_peer_report(exc: Any, rank: int, first: Any) -> LaunchFailed:
+    """Every rank here stopped because a peer's connection went: one message, the symptom as
+    the first rank to notice recorded it (gloo names the peer's address), no traceback."""
+    text = _message(first).splitlines()[0] if _message(first) else ""
+    seen = re.search(r"(Connection closed by peer|Connection reset by peer|Broken pipe|Socket Timeout|Timed out)( \[[^\]]+\]:\d+)?", text)
+    symptom = seen.group(0).strip() if seen else text[:200]
+    others = sorted(r for r in exc.failures if r != rank)
+    also = f"; rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} stopped with it" if others else ""
+    report = (
+        f"lost a peer: rank {rank} lost its connection to another rank ({symptom}){also}. A process on another machine "
+        "died, or that machine was lost; its own log says which"
+    )
+    return LaunchFailed(first.exitcode if first.exitcode > 0 else 1, report, lost_peer=True)
+
+
 def _failure_report(exc: Any) -> LaunchFailed:
     rank, first = _root_cause(exc)
     text = _message(first)
+    if _recorded(first) and is_lost_peer(text) and first.exitcode != EXIT_USER_ERROR:
+        return _lost_peer_report(exc, rank, first)
     # the worker recorded a UserError and exits 2; a process that crashes in native teardown
     # after recording it (seen under heavy load: SIGBUS/abort at interpreter exit) still failed
     # on the user's input, and says so with the same exit code

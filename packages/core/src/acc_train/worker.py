@@ -131,10 +131,26 @@ def _atomic_error_handler() -> Any:
 
 def record_errors(fn: Callable[[], None]) -> Callable[[], None]:
     """torch's ``@record`` (a failing rank's error and traceback reach the launching command),
-    with the error file written atomically."""
+    with the error file written atomically. A lost peer's symptom (another machine's rank died)
+    is recorded and exits 1 without printing its traceback: the command reports it once."""
+    import functools
+
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    return record(fn, error_handler=_atomic_error_handler())
+    from acc_train.errors import is_lost_peer
+
+    recorded = record(fn, error_handler=_atomic_error_handler())
+
+    @functools.wraps(fn)
+    def run() -> None:
+        try:
+            recorded()
+        except Exception as exc:
+            if is_lost_peer(str(exc)):  # recorded; the launching command says it once, without the traceback
+                sys.exit(1)
+            raise
+
+    return run
 
 
 def exit_with_user_error(exc: UserError) -> None:
