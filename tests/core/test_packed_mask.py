@@ -52,6 +52,24 @@ def test_a_packed_example_gives_the_logits_it_gives_alone(attn: str) -> None:
         assert not torch.allclose(leaky[5:8], packed[5:8], atol=1e-3)
 
 
+def test_flex_attention_keeps_packed_examples_apart_from_the_position_ids() -> None:
+    """The third attention implementation that runs on CPU: given no mask
+    (``packed_mask_kind`` None), transformers builds flex attention's block mask from the
+    restarting position ids; each example's logits equal its logits alone."""
+    import torch
+
+    model = tiny_llama("flex_attention")
+    assert packed_mask_kind(model) is None
+    examples, ids, positions = packed_row()
+    with torch.no_grad():
+        packed = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0]
+        start = 0
+        for example in examples:
+            alone = model(input_ids=example[None], use_cache=False).logits[0]
+            torch.testing.assert_close(packed[start : start + len(example)], alone, atol=1e-5, rtol=1e-5)
+            start += len(example)
+
+
 def test_the_loss_of_a_packed_batch_is_the_loss_transformers_infers() -> None:
     """The loop's loss with the explicit mask equals the loss with transformers inferring the
     boundaries from the position ids (what the loop did before)."""
@@ -71,11 +89,13 @@ def test_the_loss_of_a_packed_batch_is_the_loss_transformers_infers() -> None:
 
 @pytest.mark.parametrize(
     ("attn", "config"),
-    [("flash_attention_2", {}), ("flex_attention", {}), ("sdpa", {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 4})],
+    [("flex_attention", {}), ("sdpa", {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 4})],
 )
 def test_boundaries_are_left_to_transformers_where_a_single_mask_cannot_say_them(attn: str, config: dict) -> None:
-    """Flash-attention's varlen path and flex attention take the position ids; a model with
-    per-layer masks (a sliding window) needs transformers to build each layer's."""
+    """Flex attention takes the position ids; a model with per-layer masks (a sliding window)
+    needs transformers to build each layer's. (Flash attention is given the collator's varlen
+    keywords instead: transformers infers its boundaries only for a batch of one row,
+    tests/data/test_packing_boundaries.py.)"""
     from types import SimpleNamespace
 
     cfg = SimpleNamespace(_attn_implementation=attn, sliding_window=config.get("sliding_window"), layer_types=config.get("layer_types"))

@@ -92,10 +92,12 @@ def test_cp_job_checks() -> None:
     def job(*sets: str) -> Any:
         return load_job(None, {}, ["strategy.name=fsdp", "strategy.cp=2", *sets]).config
 
-    strategy.check_job(job("data.seq_len=64"))
-    strategy.check_job(job("data.kind=chat", "data.packing=true", "data.seq_len=64"))
+    strategy.check_job(job("data.seq_len=64"))  # text: documents cut into rows
     for sets, where, text in [
         (("data.seq_len=66",), "strategy.cp", "divisible by 2 x cp = 4"),
+        # whole examples packed side by side: the ring's causal mask would let each attend to the ones before it
+        (("data.kind=chat", "data.packing=true", "data.seq_len=64"), "strategy.cp", "cannot keep the examples packed into a row apart"),
+        (("data.kind=prompt_completion", "data.packing=best_fit", "data.seq_len=64"), "strategy.cp", "data.kind 'prompt_completion' would attend"),
         (("data.kind=prompt_completion", "data.seq_len=64"), "data.packing", "data.kind 'prompt_completion' pads its examples"),
         (("model.attn_implementation=flash_attention_2", "data.seq_len=64"), "model.attn_implementation", "'flash_attention_2'"),
     ]:

@@ -48,8 +48,11 @@ def prepare(ctx: click.Context, as_json: bool, **params: Any) -> None:
         click.echo(json.dumps({**summary, "eval": prepared.eval_counts or None}, indent=2))
         return
     c = prepared.counts
+    packing = {True: "on (next fit)", False: "off", "best_fit": "best fit"}.get(prepared.packing, str(prepared.packing))
+    efficiency = prepared.packing_efficiency()
+    filled = "" if efficiency is None else f"; rows {efficiency:.1%} full (packing efficiency: real tokens over row tokens)"
     click.echo(
         f"{'built' if prepared.cache == 'built' else 'already prepared'}: {prepared.path}\n"
-        f"  kind {prepared.kind}, packing {'on' if prepared.packing else 'off'}; {c['documents']} examples, {c['tokens']} tokens "
-        f"({c['loss_tokens']} in the loss) in {c['rows']} rows of {cfg.data.seq_len}; truncated {c['truncated']}, dropped {c['dropped']}, empty {c['empty']}"
+        f"  kind {prepared.kind}, packing {packing}; {c['documents']} examples, {c['tokens']} tokens "
+        f"({c['loss_tokens']} in the loss) in {c['rows']} rows of {cfg.data.seq_len}; truncated {c['truncated']}, dropped {c['dropped']}, empty {c['empty']}{filled}"
     )

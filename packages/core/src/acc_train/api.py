@@ -43,7 +43,7 @@ __all__ = [
     # the strategy contract
     "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
     # hooks, questions for the wizard, errors
-    "DataKind", "Tokenized", "packs_rows", "OptimizerKind", "OptimizerOptions", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
+    "DataKind", "Tokenized", "packs_rows", "packs_continuous_text", "OptimizerKind", "OptimizerOptions", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
     # registries
     "checkpoint_formats", "optimizers", "strategies", "wrap_policies",
     # checkpoint formats and the portable state
@@ -74,3 +74,11 @@ def packs_rows(data_config: Any) -> bool:
     from acc_train.data.files import data_kind
 
     return bool(data_kind(data_config).packs_by_default)
+
+
+def packs_continuous_text(data_config: Any) -> bool:
+    """Whether the job's rows are cut from one continuous token stream (``data.kind: text``,
+    packed) rather than packed from whole examples."""
+    from acc_train.data.files import data_kind
+
+    return packs_rows(data_config) and bool(data_kind(data_config).continuous)

@@ -152,12 +152,60 @@ def meta_model(config: JobConfig) -> tuple[Any, Any]:
     return apply_lora(model, config), mcfg
 
 
+#: layer types that take a packed row's example boundaries (a mask, or flash's varlen keywords), or
+#: mix no tokens at all (a hybrid's feed-forward-only layers)
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention", "attention", "mlp", "moe"}
+
+#: transformers models whose sequence mixing is (partly) recurrent: a state-space, linear-attention or
+#: recurrent layer carries its state from one example of a packed row into the next, whatever the mask
+RECURRENT_MODEL_TYPES = {
+    "mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm", "jamba", "zamba", "zamba2", "bamba",
+    "falcon_h1", "granitemoehybrid", "lfm2", "lfm2_moe", "nemotron_h", "plamo2", "qwen3_next", "minimax", "kimi_linear",
+}  # fmt: skip
+
+
+def recurrent_layers(model_config: Any) -> str | None:
+    """What in the model carries state across a packed row's example boundaries (a
+    description), or None: every sequence-mixing layer is attention."""
+    layer_types = [str(t) for t in (getattr(model_config, "layer_types", None) or [])]
+    other = sorted({t for t in layer_types if t not in ATTENTION_LAYER_TYPES})
+    if other:
+        return f"its {', '.join(other)} layers"
+    blocks = [str(t) for t in (getattr(model_config, "layers_block_type", None) or [])]
+    if any(t != "attention" for t in blocks):
+        return f"its {', '.join(sorted({t for t in blocks if t != 'attention'}))} layers"
+    model_type = getattr(model_config, "model_type", None)
+    if model_type in RECURRENT_MODEL_TYPES:
+        return f"its recurrent (state-space or linear-attention) layers ({model_type})"
+    return None
+
+
+def check_packing_boundaries(model_config: Any, data_config: Any) -> None:
+    """Packed rows keep examples apart only through attention: refuse packing for a model
+    whose recurrent or linear-attention layers would carry one example's state into the next."""
+    from acc_train.api import packs_rows
+
+    if not packs_rows(data_config):
+        return
+    carries = recurrent_layers(model_config)
+    if carries is None:
+        return
+    raise UserError(
+        f"data.packing puts several examples in one row, kept apart by the attention mask, but "
+        f"{getattr(model_config, 'model_type', 'this model')} cannot honour those boundaries: {carries} take no mask "
+        "and carry their state from one example into the next",
+        where="data.packing",
+        hint="set data.packing=false (one example per row, padded per batch)",
+    )
+
+
 def check_model_builds(config: JobConfig, strategy: Any = None) -> Any | None:
     """Fail before launch on a model config transformers rejects or cannot build, one the
     ``strategy`` cannot split, or a tokenizer it cannot load; the tokenizer (None: byte level),
     for the data's checks."""
-    model, _ = meta_model(config)
+    model, mcfg = meta_model(config)
     _check_model_takes_attn(model, config.model)
+    check_packing_boundaries(mcfg, config.data)
     if strategy is not None:
         strategy.check_model(model)
     return load_tokenizer(config.model)

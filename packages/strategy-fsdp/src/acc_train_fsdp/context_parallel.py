@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from acc_train.api import UserError, packs_rows
+from acc_train.api import UserError, packs_continuous_text, packs_rows
 
 __all__ = ["CPU_REASON", "check_cp_job", "check_cp_model", "refuse_cp_on_cpu"]
 
@@ -63,7 +63,15 @@ def check_cp_job(config: Any, cp: int) -> None:
             f"cp: {cp} needs packed rows of data.seq_len tokens: the ring attention of context parallelism takes no "
             f"attention mask, and rows padded per batch have one (and widths that vary); {why}",
             where="data.packing",
-            hint="set data.packing=true (examples packed into rows; tokens then attend across the examples of a row, see strategy.cp), or drop strategy.cp",
+            hint="set data.packing=true (with data.kind text: documents cut into rows; they attend across document boundaries, see strategy.cp), or drop strategy.cp",
+        )
+    if not packs_continuous_text(data):
+        raise UserError(
+            f"cp: {cp} cannot keep the examples packed into a row apart: its ring attention takes only a causal mask, so "
+            f"each example of data.kind {data.kind!r} would attend to the ones before it in its row",
+            where="strategy.cp",
+            hint="train these examples without cp (rows of whole examples are seldom long enough to need it), "
+            "or use cp with data.kind: text",
         )
 
 

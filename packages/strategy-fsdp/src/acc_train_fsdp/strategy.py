@@ -240,8 +240,8 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         if options.cp not in (None, 1):
             warn_once_per_machine(
                 "strategy.cp: attention is causal over each whole row (Accelerate drops the attention mask for "
-                "context parallelism), so the tokens of a packed row's examples attend to the examples before them "
-                "in the row, which they do not without cp"
+                "context parallelism), so the documents cut into a row attend to the documents before them in the "
+                "row, which they do not without cp (rows of whole examples are refused under cp)"
             )
         if self._pure_tp(current_machine().world_size):  # no FSDP: the mesh alone (on CPU: after_accelerator)
             return {} if on_cpu else {"parallelism_config": self._parallelism_config()}

@@ -121,11 +121,13 @@ class DataConfig(Section):
         ),
     )
     seq_len: int = Field(128, ge=2, le=MAX_SEQ_LEN, description="Tokens per row.")
-    packing: bool | None = Field(
+    packing: bool | Literal["best_fit"] | None = Field(
         None,
         description=(
-            "Pack short examples into `seq_len` rows (position ids restart at each example). Default: on for "
-            "`text`, off for the other kinds (examples padded per batch)."
+            "Pack short examples into `seq_len` rows (position ids restart at each example, and attention "
+            "stays within it). `true`: next-fit, the data's order kept; `best_fit`: best-fit decreasing, "
+            "fewer and fuller rows (each example placed in the fullest row it fits; not with `streaming`). "
+            "Default: on for `text`, off for the other kinds (examples padded per batch)."
         ),
     )
     overlong: Literal["truncate", "drop"] = Field(
@@ -179,3 +181,12 @@ class DataConfig(Section):
             "global batch, so a resume repeats it)."
         ),
     )
+
+    @model_validator(mode="after")
+    def _best_fit_needs_the_whole_data(self) -> DataConfig:
+        if self.packing == "best_fit" and self.streaming:
+            raise ValueError(
+                "data.packing best_fit sorts every example by length before placing it, which a stream never has at once; "
+                "use packing: true (next-fit, as the stream reads) or streaming: false"
+            )
+        return self

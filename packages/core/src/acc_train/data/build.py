@@ -12,6 +12,8 @@ Files written for a split ``NAME`` into a directory:
 
 from __future__ import annotations
 
+import functools
+
 import logging
 import os
 from pathlib import Path
@@ -39,7 +41,8 @@ def token_dtype(vocab: int) -> type:
     return np.uint16 if vocab <= 2**16 else np.uint32
 
 
-def packing(cfg: DataConfig, kind: DataKind) -> bool:
+def packing(cfg: DataConfig, kind: DataKind) -> bool | str:
+    """``data.packing`` (``True``, ``False`` or ``"best_fit"``), or the kind's own default."""
     return kind.packs_by_default if cfg.packing is None else cfg.packing
 
 
@@ -112,16 +115,23 @@ def _field_key(cfg: DataConfig, field: str) -> str:
     return "kind"
 
 
-def write_split(table: Any, name: str, directory: Path, dtype: type, make_rows: Any) -> dict[str, Any]:
+def write_split(table: Any, name: str, directory: Path, dtype: type, make_rows: Any, best_fit: int | None = None) -> dict[str, Any]:
     """Write a tokenized table's kept examples as ``NAME.*.npy`` into ``directory``; its
     counts (``documents``, ``tokens``, ``loss_tokens``, ``truncated``, ``dropped``, ``empty``,
-    ``rows``, ``max_token``)."""
+    ``rows``, ``max_token``). ``best_fit`` (a row's length): the examples are written in the
+    order best-fit decreasing packs them (:func:`acc_train.data.pack.best_fit`), each row
+    contiguous, and ``make_rows`` is not used."""
     from numpy.lib.format import open_memmap
 
     fates = np.asarray(table["fate"], dtype=np.int8)
     kept = np.flatnonzero(fates <= TRUNCATED)
     lengths = _lengths(table)
     lengths = lengths[kept]
+    if best_fit is not None:
+        order, per_row = pack.best_fit(lengths, best_fit)
+        table = table.select(kept[order])  # every example kept, in row order
+        lengths = lengths[order]
+        make_rows = functools.partial(pack.rows_of, counts=per_row)
     starts = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
     total = int(starts[-1])

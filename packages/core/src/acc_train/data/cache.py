@@ -55,7 +55,7 @@ class PreparedData:
     train: Split
     eval: Split | None
     kind: str
-    packing: bool
+    packing: bool | str
     #: counts of the training split (documents, tokens, loss_tokens, truncated, dropped, empty, rows)
     counts: dict[str, int]
     max_token: int
@@ -65,10 +65,21 @@ class PreparedData:
     fingerprint: str | None = None
     eval_counts: dict[str, int] = field(default_factory=dict)
 
+    #: rows of the training split are at most this many tokens
+    seq_len: int | None = None
+
+    def packing_efficiency(self) -> float | None:
+        """Packed rows' real tokens over their ``seq_len`` slots (None: rows not packed)."""
+        if not self.packing or self.seq_len is None:
+            return None
+        return pack.fill(np.asarray(self.train.rows), self.seq_len)
+
     def summary(self) -> dict[str, Any]:
+        efficiency = self.packing_efficiency()
         return {
             "kind": self.kind,
             "packing": self.packing,
+            "packing_efficiency": None if efficiency is None else round(efficiency, 4),
             "streaming": False,
             **{k: self.counts[k] for k in ("documents", "tokens", "loss_tokens", "truncated", "dropped", "empty", "rows")},
             "cache": {"status": self.cache, "path": self.path},
@@ -151,7 +162,8 @@ def _build(cfg: DataConfig, tokenizer: Any, root: Path, key: str, num_proc: int)
             if not files:
                 continue
             table = build.tokenize_files(files, f"data.{name}_files", cfg, kind, tokenizer, work, num_proc)
-            meta[name] = build.write_split(table, name, work, dtype, _rows_maker(cfg, kind))
+            best_fit = cfg.seq_len if build.packing(cfg, kind) == "best_fit" and not kind.continuous else None
+            meta[name] = build.write_split(table, name, work, dtype, _rows_maker(cfg, kind), best_fit=best_fit)
             meta[name]["files"] = sorted(p.name for p in work.glob(f"{name}.*.npy"))  # what verify_entry expects
             meta[name]["digest"] = split_digest(work, meta[name]["files"])
             del table
@@ -288,7 +300,7 @@ def prepare_data(cfg: DataConfig, tokenizer: Any, since: float | None = None) ->
     train = build.open_split(entry, "train")
     ev = build.open_split(entry, "eval") if "eval" in meta else None
     top = max(meta["train"]["max_token"], meta.get("eval", {}).get("max_token", 0))
-    prepared = PreparedData(train, ev, meta["kind"], meta["packing"], meta["train"], top, status, str(entry), key, meta.get("eval", {}))
+    prepared = PreparedData(train, ev, meta["kind"], meta["packing"], meta["train"], top, status, str(entry), key, meta.get("eval", {}), cfg.seq_len)
     return _check_rows(prepared, cfg)
 
 
@@ -299,7 +311,7 @@ def demo_data(cfg: DataConfig) -> PreparedData:
     ids = np.frombuffer(demo_text_bytes(cfg.demo_max_bytes), dtype=np.uint8).astype(np.uint16)
     split = build.in_memory_split(ids, cfg.seq_len)
     counts = {"documents": 1, "tokens": len(ids), "loss_tokens": len(split) * cfg.seq_len, "truncated": 0, "dropped": 0, "empty": 0, "rows": len(split)}
-    return _check_rows(PreparedData(split, None, "text", True, counts, int(ids.max()) if len(ids) else 0), cfg)
+    return _check_rows(PreparedData(split, None, "text", True, counts, int(ids.max()) if len(ids) else 0, seq_len=cfg.seq_len), cfg)
 
 
 def _check_rows(prepared: PreparedData, cfg: DataConfig) -> PreparedData:

@@ -8,6 +8,8 @@ stream, at most ``seq_len`` tokens:
   documents, ``kind: text`` with packing); a last, shorter piece is left out.
 - ``packed_rows``: whole examples, as many consecutive ones as fit (next-fit, which keeps the
   data's order and each row contiguous); the collator pads the rest of the row.
+- ``best_fit``: best-fit decreasing (``data.packing: best_fit``): the order to write the examples
+  in, so that each row of whole examples is contiguous again, and the rows' example counts.
 - ``single_rows``: one example per row (no packing; padded per batch).
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["text_rows", "packed_rows", "single_rows", "inner_starts", "loss_tokens"]
+__all__ = ["text_rows", "packed_rows", "single_rows", "best_fit", "rows_of", "inner_starts", "loss_tokens", "fill"]
 
 
 def text_rows(n_tokens: int, seq_len: int) -> np.ndarray:
@@ -46,6 +48,74 @@ def packed_rows(starts: np.ndarray, seq_len: int) -> np.ndarray:
     bounds = starts[np.asarray(cuts, dtype=np.int64)]
     rows = np.stack([bounds[:-1], bounds[1:]], axis=1)
     return rows[rows[:, 1] > rows[:, 0]]
+
+
+def best_fit(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best-fit decreasing: the examples, longest first, each into the open row it fills the
+    most (the least room left that still takes it), else a new row. Returns (the example
+    indices row after row, each row's examples in their data order; each row's number of
+    examples). A segment tree over the room left (0..seq_len) finds the row in O(log seq_len):
+    a million examples take seconds."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) and int(lengths.max()) > seq_len:
+        raise ValueError("an example is longer than seq_len; truncate or drop it first")
+    size = 1
+    while size < seq_len + 1:
+        size *= 2
+    count = [0] * (2 * size)  # rows with exactly this much room left, summed up the tree
+    waiting: dict[int, list[int]] = {}  # room left -> rows (their numbers) with that room
+
+    def change(room: int, by: int) -> None:
+        i = room + size
+        while i:
+            count[i] += by
+            i //= 2
+
+    def least_room_for(n: int) -> int:
+        """The smallest room left >= n that some row has, or -1."""
+        stack = [(1, 0, size - 1)]
+        while stack:
+            i, lo, hi = stack.pop()
+            if hi < n or count[i] == 0:
+                continue
+            if lo == hi:
+                return lo
+            mid = (lo + hi) // 2
+            stack.append((2 * i + 1, mid + 1, hi))  # the right half after the left: smaller room first
+            stack.append((2 * i, lo, mid))
+        return -1
+
+    rows: list[list[int]] = []
+    for i in np.argsort(-lengths, kind="stable").tolist():
+        n = int(lengths[i])
+        room = least_room_for(n)
+        if room < 0:
+            rows.append([i])
+            row, left = len(rows) - 1, seq_len - n
+        else:
+            row = waiting[room].pop()
+            change(room, -1)
+            rows[row].append(i)
+            left = room - n
+        waiting.setdefault(left, []).append(row)
+        change(left, 1)
+    order = np.asarray([i for row in rows for i in sorted(row)], dtype=np.int64)
+    return order, np.asarray([len(row) for row in rows], dtype=np.int64)
+
+
+def rows_of(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The ``[start, end)`` spans of rows of ``counts`` consecutive examples each."""
+    cuts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    bounds = np.asarray(starts, dtype=np.int64)[cuts]
+    return np.stack([bounds[:-1], bounds[1:]], axis=1) if len(counts) else np.zeros((0, 2), dtype=np.int64)
+
+
+def fill(rows: np.ndarray, seq_len: int) -> float | None:
+    """Packing efficiency: the rows' real tokens over their ``seq_len`` slots (None: no rows)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if not len(rows):
+        return None
+    return float((rows[:, 1] - rows[:, 0]).sum()) / (len(rows) * seq_len)
 
 
 def inner_starts(starts: np.ndarray, begin: int, end: int) -> np.ndarray:

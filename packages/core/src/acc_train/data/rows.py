@@ -1,11 +1,12 @@
 """Training rows as the model takes them: token ids, labels (-100 where a token is not in the
 loss) and, for packed rows, position ids that restart at every example.
 
-With position ids that restart and no attention mask, transformers (5.x) builds a
-block-diagonal causal mask for ``sdpa`` and ``eager`` attention (``masking_utils``
-``find_packed_sequence_indices``), and flash-attention takes the varlen path: no token attends
-across examples. Padded rows carry an ``attention_mask`` instead, and padding never counts in
-the loss.
+The loop keeps a packed row's examples apart (:func:`acc_train.loop.loss.packed_mask_kind`):
+``sdpa`` and ``eager`` get a block-diagonal causal mask built from the restarting position ids,
+flash attention gets varlen keywords computed here (:func:`varlen_kwargs`), flex attention and
+models with per-layer masks get the position ids, from which transformers builds their masks.
+No token attends across examples. Padded rows carry an ``attention_mask`` instead, and padding
+never counts in the loss.
 """
 
 from __future__ import annotations
@@ -86,8 +87,13 @@ class Collate:
     longest, with an ``attention_mask``, no position ids."""
 
     seq_len: int
-    packed: bool
+    packed: bool | str
     pad_id: int
+    #: flash attention's varlen keywords for packed rows (``cu_seq_lens_q``/``_k``: where each
+    #: example of the batch, flattened, starts; ``max_length_q``/``_k``: the longest), computed
+    #: here on the host, as ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` does:
+    #: transformers infers boundaries from position ids only for a batch of one row
+    varlen: bool = False
 
     def __call__(self, rows: list[dict[str, np.ndarray]]) -> dict[str, Any]:
         import torch
@@ -110,12 +116,26 @@ class Collate:
         if self.packed:
             if (positions != np.arange(width, dtype=np.int64)).any():
                 batch["position_ids"] = torch.from_numpy(positions)
+                if self.varlen:
+                    batch.update(varlen_kwargs(positions))
             # else every row is one stretch of one document: the model's own positions and plain
             # causal attention are the same thing, and the fastest kernels take it (no mask)
             batch[REAL_TOKENS] = torch.from_numpy(mask.sum(axis=1))
         else:
             batch["attention_mask"] = torch.from_numpy(mask)
         return batch
+
+
+def varlen_kwargs(positions: np.ndarray) -> dict[str, Any]:
+    """Flash attention's varlen keywords for a batch of packed rows, from their position ids
+    (every example, and a row's padding, restarts them at 0), over the batch flattened."""
+    import torch
+
+    flat = positions.reshape(-1)
+    cu = np.append(np.flatnonzero(flat == 0), len(flat)).astype(np.int32)
+    longest = int(np.diff(cu).max())
+    seqs = torch.from_numpy(cu)
+    return {"cu_seq_lens_q": seqs, "cu_seq_lens_k": seqs, "max_length_q": longest, "max_length_k": longest}
 
 
 def real_tokens(batch: dict[str, Any]) -> Any:

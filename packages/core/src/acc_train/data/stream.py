@@ -280,4 +280,4 @@ class StreamedData:
         from accelerate.utils import gather_object
 
         every = gather_object([self.stream.counts])
-        return {"kind": self.kind, "packing": self.packing, "streaming": True, **{k: sum(c[k] for c in every) for k in COUNTS}, "cache": {"status": "none"}}
+        return {"kind": self.kind, "packing": self.packing, "packing_efficiency": None, "streaming": True, **{k: sum(c[k] for c in every) for k in COUNTS}, "cache": {"status": "none"}}

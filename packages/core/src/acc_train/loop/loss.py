@@ -24,7 +24,7 @@ from typing import Any
 from acc_train.data.rows import IGNORE_INDEX, REAL_TOKENS, real_tokens
 from acc_train.errors import UserError
 
-__all__ = ["SHIFTED_LABELS", "EXPLICIT_MASKS", "step_windows", "sequence_shards", "token_loss", "eval_loss", "packed_mask_kind"]
+__all__ = ["SHIFTED_LABELS", "EXPLICIT_MASKS", "step_windows", "sequence_shards", "token_loss", "eval_loss", "packed_mask_kind", "is_flash"]
 
 #: a batch's labels already shifted by one (the label of each position's next token), set by
 #: :func:`sequence_shards`; the model never sees them
@@ -112,18 +112,27 @@ EXPLICIT_MASKS = {"sdpa": "bool", "eager": "additive"}
 
 def packed_mask_kind(model: Any) -> str | None:
     """How to hand this model a packed batch's example boundaries: ``"bool"`` or ``"additive"``
-    (a 4-d block-diagonal causal mask, :data:`EXPLICIT_MASKS`), or None: transformers infers
-    them from the restarting position ids. Inferring reads a tensor back to the host on every
-    forward (``masking_utils.find_packed_sequence_indices`` checks whether any row is packed).
-    A model with a sliding window or other per-layer masks keeps the inference, which builds
-    each layer's own mask; so do flash-attention (its varlen path) and flex attention."""
+    (a 4-d block-diagonal causal mask, :data:`EXPLICIT_MASKS`), ``"varlen"`` (flash attention:
+    the collator's ``cu_seq_lens``, :class:`acc_train.data.Collate`), or None: transformers
+    infers them from the restarting position ids. Inferring reads a tensor back to the host on
+    every forward (``masking_utils.find_packed_sequence_indices`` checks whether any row is
+    packed). A model with a sliding window or other per-layer masks keeps the inference, which
+    builds each layer's own mask; so does flex attention."""
     config = getattr(model, "config", None)
     if config is None:
         return None
+    if is_flash(getattr(config, "_attn_implementation", None)):
+        return "varlen"  # cu_seq_lens from the collator (Collate.varlen): per-layer windows are flash's own
     layer_types = getattr(config, "layer_types", None) or []
     if getattr(config, "sliding_window", None) or any(t != "full_attention" for t in layer_types):
         return None
     return EXPLICIT_MASKS.get(getattr(config, "_attn_implementation", None) or "")
+
+
+def is_flash(attn_implementation: str | None) -> bool:
+    """Whether an attention implementation is flash attention (``flash_attention_2``/``_3``, or
+    a kernel of it from the hub), which takes packed boundaries as varlen keywords."""
+    return bool(attn_implementation) and "flash" in str(attn_implementation)
 
 
 def _packed_mask(positions: Any, kind: str, dtype: Any) -> Any:
@@ -149,7 +158,7 @@ def _token_losses(model: Any, batch: dict[str, Any], mask: str | None = None) ->
     import torch.nn.functional as F
 
     inputs = {k: v for k, v in batch.items() if k not in ("labels", SHIFTED_LABELS, REAL_TOKENS)}
-    if mask is not None and "position_ids" in inputs and "attention_mask" not in inputs and SHIFTED_LABELS not in batch:
+    if mask in EXPLICIT_MASKS.values() and "position_ids" in inputs and "attention_mask" not in inputs and SHIFTED_LABELS not in batch:
         inputs["attention_mask"] = _packed_mask(inputs["position_ids"], mask, torch.float32)
     logits = model(**inputs, use_cache=False).logits
     if SHIFTED_LABELS in batch:  # this rank's part of each row, labels shifted before the cut
