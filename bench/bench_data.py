@@ -16,8 +16,9 @@ a small Llama (4 layers, hidden 256).
 3. ``setup``: ``run.json`` ``data.setup_s`` (launch to first batch) of the second launch on the
    large corpus (cache hit) against the first (cache built).
 4. ``padding``: the same instruction job (``kind: prompt_completion``) with ``packing: false``
-   (padded per batch) and ``packing: true``: real (non-padding) tokens per second, from the mean
-   step time, and the share of padding in the batches the run read (replayed from the sampler).
+   (padded per batch), ``packing: true`` (next-fit) and ``packing: best_fit`` (best-fit
+   decreasing): real (non-padding) tokens per second, from the mean step time, the share of
+   padding in the batches the run read (replayed from the sampler), and the rows' fill.
 
 Usage: python bench/bench_data.py [--gb 2.0] [--workdir DIR] [--steps 30] [--parts tokenize rss setup padding]
 """
@@ -138,7 +139,7 @@ def train(out: Path, model_dir: Path, files: list[Path], cache: Path, steps: int
     return json.loads((out / "run.json").read_text())
 
 
-def replay_padding(model_dir: Path, files: list[Path], cache: Path, steps: int, packing: bool) -> dict:
+def replay_padding(model_dir: Path, files: list[Path], cache: Path, steps: int, packing: bool | str) -> dict:
     """Real and padded positions of the batches the run read: the sampler's order, cut into the
     micro-batches Accelerate hands the 2 ranks in turn, each padded as the collator pads it."""
     from transformers import AutoTokenizer
@@ -156,7 +157,7 @@ def replay_padding(model_dir: Path, files: list[Path], cache: Path, steps: int, 
         width = SEQ_LEN if packing else max(lengths)
         real += sum(lengths)
         padded += width * len(lengths)
-    return {"real_tokens": real, "positions": padded, "padding_share": 1 - real / padded}
+    return {"real_tokens": real, "positions": padded, "padding_share": 1 - real / padded, "rows": len(rows), "packing_efficiency": prepared.packing_efficiency()}
 
 
 def main() -> None:
@@ -207,14 +208,18 @@ def main() -> None:
         print(f"rss per rank: {[f'{b / 2**20:.0f}' for b in rss_big]} MiB on {results['gb']} GB vs {[f'{s / 2**20:.0f}' for s in rss_small]} MiB on 10 MB: ratio {results['rss']['ratio']:.3f}", flush=True)
     if "padding" in args.parts:
         rows = {}
-        for packing in (False, True):
-            name = "packed" if packing else "padded"
-            run = train(w / f"run-{name}", model, [inst], w / "cache-inst", args.steps, "--set", "data.kind=prompt_completion", "--set", f"data.packing={str(packing).lower()}")
+        for packing in (False, True, "best_fit"):
+            name = {False: "padded", True: "packed", "best_fit": "best_fit"}[packing]
+            value = packing if isinstance(packing, str) else str(packing).lower()
+            run = train(w / f"run-{name}", model, [inst], w / "cache-inst", args.steps, "--set", "data.kind=prompt_completion", "--set", f"data.packing={value}")
             pad = replay_padding(model, [inst], w / "cache-inst", args.steps, packing)
             per_step = pad["real_tokens"] / args.steps
             rows[name] = {**pad, "step_time_s": run["step_time_s"], "real_tokens_per_s": per_step / run["step_time_s"], "loss_tokens": run["data"]["loss_tokens"]}
             print(f"{name}: {rows[name]['real_tokens_per_s']:,.0f} real tokens/s, padding {pad['padding_share']:.1%}, step {run['step_time_s'] * 1000:.0f} ms", flush=True)
         rows["packed_over_padded"] = rows["packed"]["real_tokens_per_s"] / rows["padded"]["real_tokens_per_s"]
+        rows["best_fit_over_packed"] = rows["best_fit"]["real_tokens_per_s"] / rows["packed"]["real_tokens_per_s"]
+        print(f"best_fit: {rows['best_fit']['rows']} rows against next-fit's {rows['packed']['rows']}, "
+              f"{rows['best_fit']['packing_efficiency']:.1%} full against {rows['packed']['packing_efficiency']:.1%}", flush=True)
         results["padding"] = rows
     print(json.dumps(results, indent=2))
 

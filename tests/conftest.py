@@ -238,3 +238,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def assert_model_card(run: Path, strategy: str, adapter: bool = False) -> dict:
+    """``run/final/README.md`` is a model card ``huggingface_hub`` reads, with the run's facts;
+    returns its metadata."""
+    from huggingface_hub import ModelCard
+
+    summary = json.loads((run / "run.json").read_text())
+    card = ModelCard.load(run / "final" / "README.md")
+    meta = card.data.to_dict()
+    assert meta["library_name"] == ("peft" if adapter else "transformers") and meta["pipeline_tag"] == "text-generation"
+    assert "acc-train" in meta["tags"] and strategy in meta["tags"] and ("lora" in meta["tags"]) == adapter
+    assert f"{summary['steps']} optimizer steps, {summary['tokens']} tokens" in card.text
+    assert f"world size {summary['world_size']}" in card.text and f"{summary['final_loss']:.4f} (training)" in card.text
+    assert "```yaml\n" in card.text and f"name: {strategy}" in card.text  # the resolved job
+    return meta

@@ -14,6 +14,7 @@ from acc_train import hookimpl, plugins
 from acc_train.config import load_job
 from acc_train.metrics import read_metrics
 from acc_train.trainer import check_output_dir, train
+from tests.conftest import assert_model_card
 
 
 #: the demo job at its smallest, fp32, no progress bar (one process, in this module's tests)
@@ -107,6 +108,7 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-000006"
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     assert model.config.vocab_size == 256 and model.config.hidden_size == 32
+    assert assert_model_card(out, "ddp").get("base_model") is None  # the demo model: no base
     assert torch.isfinite(model(torch.tensor([list(b"import os")])).logits).all()
 
 

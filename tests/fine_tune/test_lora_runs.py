@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, run_cli, stopped_copy, tiny_job_args, shared_runs
+from tests.conftest import assert_model_card, read_metrics, run_cli, shared_runs, stopped_copy, tiny_job_args
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("lora")]
 
@@ -102,6 +102,8 @@ def test_final_loads_with_peft_and_export_merge_with_transformers(runs, tiny_mod
     final = run / "final"
     assert (final / "adapter_config.json").is_file() and (final / "adapter_model.safetensors").is_file()
     assert not (final / "model.safetensors").exists()
+    meta = assert_model_card(run, "ddp", adapter=True)
+    assert meta.get("base_model") is None and str(tiny_model_dir) in (final / "README.md").read_text()  # a local base, named in the body
     ids = torch.tensor([[2, 5, 9, 11, 3, 7, 21, 4]])
     base_logits = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()(input_ids=ids).logits
     tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), final).eval()

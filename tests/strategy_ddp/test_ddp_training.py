@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, resume_from_step_10, run_cli, tiny_job_args
+from tests.conftest import assert_model_card, read_metrics, resume_from_step_10, run_cli, tiny_job_args
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("reference-runs")]
 
@@ -73,6 +73,7 @@ def test_final_model_loads_in_transformers(ddp_run: Path, tiny_model_dir: Path) 
 
     final = ddp_run / "final"
     assert (final / "model.safetensors").is_file()
+    assert_model_card(ddp_run, "ddp")
     model = AutoModelForCausalLM.from_pretrained(final)
     tok = AutoTokenizer.from_pretrained(final)
     ids = torch.tensor([tok("the quick brown fox")["input_ids"]])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, reference_args, resume_from_step_10, run_cli
+from tests.conftest import assert_model_card, read_metrics, reference_args, resume_from_step_10, run_cli
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("reference-runs")]
 
@@ -110,6 +110,7 @@ def test_final_model_is_consolidated_for_transformers(which: str, request: pytes
 
     run = request.getfixturevalue(which)
     model = AutoModelForCausalLM.from_pretrained(run / "final")
+    assert_model_card(run, "fsdp")
     summary = json.loads((run / "run.json").read_text())
     assert sum(p.numel() for p in model.parameters()) == summary["model_parameters"]
     assert torch.isfinite(model(torch.tensor([[2, 3, 4, 5]])).logits).all()

@@ -259,7 +259,7 @@ def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | 
             _losses_from_metrics(run.output_dir, state.step, result)
         summary = finish.summarize(run, state, result, resumed_from, data.prepared.summary(), started_at)
         summary["restarts"] = restarts  # the elastic agents' restarts of the workers (the most any machine's made)
-        finish.save_final(run, data.tokenizer)
+        finish.save_final(run, data.tokenizer, summary)
         finish.write_run_json(run, summary)
         call_lifecycle("acc_train_train_end", run=run, summary=summary)
     return summary

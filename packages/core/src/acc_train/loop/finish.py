@@ -175,10 +175,11 @@ def _save_in_dtype(model: Any, state_dict: dict[str, Any], dtype: Any, directory
     config.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
 
 
-def save_final(run: RunContext, tokenizer: Any) -> None:
+def save_final(run: RunContext, tokenizer: Any, summary: dict[str, Any] | None = None) -> None:
     """``final/``: the consolidated model as ``save_pretrained`` safetensors in
     :func:`~acc_train.model.final_dtype` (a bf16-stored model is written back in bf16), moved in
-    atomically; under ``model.lora``, the adapter directory PEFT loads onto the base model."""
+    atomically; under ``model.lora``, the adapter directory PEFT loads onto the base model.
+    With the run's ``summary``, a model card (``README.md``, :mod:`acc_train.model_card`)."""
     from acc_train.adapters import is_adapter_model, save_adapter
     from acc_train.model import final_dtype
 
@@ -197,6 +198,11 @@ def save_final(run: RunContext, tokenizer: Any) -> None:
                 _save_in_dtype(unwrapped, state_dict, dtype, tmp)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
+            if summary is not None:
+                from acc_train.model_card import model_card
+
+                card = model_card(run.job.to_yaml(), run.job.config, summary, adapter=is_adapter_model(unwrapped))
+                (tmp / "README.md").write_text(card)
         except BaseException as exc:  # a full disk, say: no partial final/ left behind
             from acc_train.disk_full import disk_full_error
 

@@ -1,0 +1,93 @@
+"""``final/README.md``: a Hugging Face model card for what a run trained, as HF Trainer writes
+one into what it saves. The YAML metadata (``huggingface_hub``'s ``ModelCardData``) names the
+base model, the library that loads the directory and tags; the body says how it was trained:
+the strategy and world size, steps and tokens, the losses, the data files and the digest of
+what was read, and the job's config, so the directory explains itself wherever it is copied.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["model_card", "base_model_id", "data_digest"]
+
+
+def base_model_id(name_or_path: str | None) -> str | None:
+    """The base model as the card's metadata names it: a hub id (``org/name``) as given, a local
+    ``save_pretrained`` directory by the hub id its config records (``_name_or_path``) if that
+    is one; None for the demo model or a local model of unknown origin."""
+    if not name_or_path:
+        return None
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        try:
+            recorded = json.loads((path / "config.json").read_text()).get("_name_or_path")
+        except (OSError, ValueError):
+            return None
+        return recorded if _hub_id(recorded) else None
+    return name_or_path if _hub_id(name_or_path) else None
+
+
+def _hub_id(text: Any) -> bool:
+    return isinstance(text, str) and text.count("/") == 1 and not text.startswith((".", "/", "~")) and " " not in text
+
+
+def data_digest(summary: dict[str, Any]) -> str | None:
+    """The digest of the training data the run read (its cache entry's, what a resume checks)."""
+    path = ((summary.get("data") or {}).get("cache") or {}).get("path")
+    if not path:
+        return None
+    try:
+        return json.loads((Path(path) / "meta.json").read_text())["train"].get("digest")
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _loss(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "-"
+
+
+def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: bool) -> str:
+    """The card's text: YAML metadata between ``---`` lines, then Markdown."""
+    from huggingface_hub import ModelCardData
+
+    base = base_model_id(config.model.name_or_path)
+    tags = ["acc-train", str(summary.get("strategy") or config.strategy["name"]), f"data-{config.data.kind}"]
+    if adapter:
+        tags.append("lora")
+    data = ModelCardData(base_model=base, library_name="peft" if adapter else "transformers", tags=tags, pipeline_tag="text-generation")
+    data_section = summary.get("data") or {}
+    files = list(config.data.train_files) or ["the demo text (the Python standard library's source)"]
+    digest = data_digest(summary)
+    facts = [
+        ("base model", base or (config.model.name_or_path or "acc-train's demo model (random initialisation)")),
+        ("what this directory is", "LoRA adapters (PeftModel.from_pretrained(base_model, this directory))" if adapter else "the full model (AutoModelForCausalLM.from_pretrained(this directory))"),
+        ("strategy", f"{summary.get('strategy')} ({summary.get('distributed_type')}), world size {summary.get('world_size')} on {summary.get('num_machines')} machine(s), {summary.get('device')}"),
+        ("precision", f"mixed precision {summary.get('mixed_precision')}, parameters held in {config.model.dtype}"),
+        ("steps", f"{summary.get('steps')} optimizer steps, {summary.get('tokens')} tokens"),
+        ("final loss", f"{_loss(summary.get('final_loss'))} (training); {_loss(summary.get('final_eval_loss'))} (evaluation)"),
+        ("data", f"{', '.join(files)}; kind {data_section.get('kind')}, {data_section.get('documents')} examples, {data_section.get('rows')} rows of {config.data.seq_len} tokens"
+                 + (f"; digest {digest}" if digest else "")),
+    ]  # fmt: skip
+    body = [
+        f"# {Path(config.output_dir).name}",
+        "",
+        "Trained with [acc-train](https://github.com/acc-train/acc-train), which ran the job's own training loop under the "
+        "strategy below through Hugging Face Accelerate.",
+        "",
+        "| | |",
+        "|---|---|",
+        *[f"| {name} | {value} |" for name, value in facts],
+        "",
+        "## Training config",
+        "",
+        "The resolved job (`config.yaml` of the run):",
+        "",
+        "```yaml",
+        config_yaml.rstrip(),
+        "```",
+        "",
+    ]
+    return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)
