@@ -252,5 +252,5 @@ def assert_model_card(run: Path, strategy: str, adapter: bool = False) -> dict:
     assert "acc-train" in meta["tags"] and strategy in meta["tags"] and ("lora" in meta["tags"]) == adapter
     assert f"{summary['steps']} optimizer steps, {summary['tokens']} tokens" in card.text
     assert f"world size {summary['world_size']}" in card.text and f"{summary['final_loss']:.4f} (training)" in card.text
-    assert "```yaml\n" in card.text and f"name: {strategy}" in card.text  # the resolved job
+    assert "```yaml\n" in card.text and "\nstrategy:\n" in card.text and "\ntraining:\n" in card.text  # the resolved job
     return meta

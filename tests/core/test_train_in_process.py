@@ -109,6 +109,15 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     assert model.config.vocab_size == 256 and model.config.hidden_size == 32
     assert assert_model_card(out, "ddp").get("base_model") is None  # the demo model: no base
+    # acc-train generate's path: the demo model reads and writes bytes; greedy is deterministic
+    from acc_train.generate import generate, load_for_generation
+
+    loaded, tokenizer, source = load_for_generation(str(out))
+    assert tokenizer is None and source == str(out / "final")
+    pieces: list[str] = []
+    first = generate(loaded, tokenizer, "import ", max_new_tokens=6, emit=pieces.append)
+    assert first["tokens"] == 6 and "".join(pieces) == first["completion"]
+    assert generate(loaded, tokenizer, "import ", max_new_tokens=6)["completion"] == first["completion"]
     assert torch.isfinite(model(torch.tensor([list(b"import os")])).logits).all()
 
 

@@ -86,15 +86,16 @@ def test_architectures_whose_layers_carry_state_across_examples(model_type: str,
 def test_packing_for_a_model_that_cannot_honour_boundaries_is_refused() -> None:
     import transformers
 
+    from acc_train.api import packs_rows
     from acc_train.config import load_job
     from acc_train.errors import UserError
     from acc_train.model import check_packing_boundaries
 
     qwen3_next = transformers.AutoConfig.for_model("qwen3_next")
-    check_packing_boundaries(qwen3_next, load_job(None, {}, ["data.kind=prompt_completion"]).config.data)  # padded: fine
+    check_packing_boundaries(qwen3_next, packs_rows(load_job(None, {}, ["data.kind=prompt_completion"]).config.data))  # padded: fine
     for sets in (["data.kind=prompt_completion", "data.packing=true"], ["data.kind=chat", "data.packing=best_fit"], []):
         with pytest.raises(UserError) as caught:
-            check_packing_boundaries(qwen3_next, load_job(None, {}, sets).config.data)  # [] : text packs by default
+            check_packing_boundaries(qwen3_next, packs_rows(load_job(None, {}, sets).config.data))  # [] : text packs by default
         assert caught.value.where == "data.packing" and "qwen3_next cannot honour those boundaries" in caught.value.message
         assert "data.packing=false" in caught.value.hint
 

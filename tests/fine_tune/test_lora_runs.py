@@ -137,3 +137,17 @@ def test_plan_agrees_with_the_measured_adapters_and_frozen_base(runs, name: str,
         measured = rank["model_state_bytes"]
         assert planned["model_state"] == pytest.approx(measured["params"] + measured["grads"] + measured["optimizer"], rel=0.10), (name, measured)
         assert planned["frozen"] == pytest.approx(rank["frozen_param_bytes"], rel=0.10), (name, rank)
+
+
+def test_generate_reads_a_lora_run_from_its_final_and_from_a_checkpoint(runs) -> None:
+    """``acc-train generate`` on a LoRA run: final/ (the adapters on their base) and the last
+    checkpoint (its portable state, the adapters merged into the base) complete a prompt alike."""
+    run = runs("ddp")
+    completions = []
+    for source in (run, run / "checkpoints" / f"step-{STEPS:06d}"):
+        proc = run_cli("generate", str(source), "--prompt", "the quick brown", "--max-new-tokens", "8")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "(8 tokens" in proc.stderr or "tokens" in proc.stderr.splitlines()[-1]
+        completions.append(proc.stdout)
+    assert completions[0].strip() and completions[0] == completions[1]  # greedy: the same tokens
+    assert "model: " + str(run / "final") in run_cli("generate", str(run), "--prompt", "x", "--max-new-tokens", "1").stderr

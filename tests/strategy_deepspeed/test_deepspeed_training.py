@@ -93,7 +93,7 @@ def test_exported_zero3_model_gives_the_logits_of_the_ddp_trained_one(zero3_run:
 
     ids = torch.tensor([[2, 3, 4, 5, 6, 7]])
     zero = AutoModelForCausalLM.from_pretrained(zero3_run / "final").eval()
-    assert_model_card(zero3_run, "deepspeed")
+    assert_model_card(zero3_run, "zero3")
     ddp = AutoModelForCausalLM.from_pretrained(ddp_run / "final").eval()
     with torch.no_grad():
         torch.testing.assert_close(zero(ids).logits, ddp(ids).logits, atol=1e-4, rtol=1e-4)

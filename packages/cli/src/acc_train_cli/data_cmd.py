@@ -30,6 +30,7 @@ def prepare(ctx: click.Context, as_json: bool, **params: Any) -> None:
     per machine (or once, on a cache directory the machines share)."""
     job = resolve_job(merge_parent_params(ctx, params))
     report_plugin_failures()
+    from acc_train.api import packs_rows
     from acc_train.data import check_data_files, prepare_data
     from acc_train.errors import UserError
     from acc_train.model import check_model_builds, check_model_path, load_tokenizer
@@ -41,7 +42,7 @@ def prepare(ctx: click.Context, as_json: bool, **params: Any) -> None:
         raise UserError("a streamed job tokenizes its data as it trains; there is nothing to prepare", where="data.streaming", hint="set data.streaming=false to prepare a cache")
     check_model_path(cfg.model)
     check_data_files(cfg.data)
-    check_model_builds(cfg)
+    check_model_builds(cfg, packs=packs_rows(cfg.data))
     prepared = prepare_data(cfg.data, load_tokenizer(cfg.model))
     summary = prepared.summary()
     if as_json:

@@ -21,6 +21,7 @@ from acc_train_cli.checkpoint_cmd import checkpoint
 from acc_train_cli.config_cmd import config_group
 from acc_train_cli.data_cmd import data_group
 from acc_train_cli.errors import report_plugin_failures, user_errors
+from acc_train_cli.generate_cmd import generate
 from acc_train_cli.info import env, plugins, strategies
 from acc_train_cli.job import LOOP_ONLY, flag_name, given, job_options, merge_parent_params, resolve_job
 from acc_train_cli.plan import plan
@@ -59,6 +60,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
         click.echo(job.to_yaml(), nl=False)
         return
     report_plugin_failures()
+    from acc_train.api import packs_rows
     from acc_train.checkpoint.faults import check_fault_env
     from acc_train.config.optimizer import check_optimizer
     from acc_train.launcher import check_launch_support, default_num_processes
@@ -75,7 +77,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_attn_implementation(cfg.model, current_machine().device_type)
     _check_strategy_fits(job)
     check_data_files(cfg.data)
-    data_kind(cfg.data).check_tokenizer(check_model_builds(cfg, job.strategy), cfg.data)
+    data_kind(cfg.data).check_tokenizer(check_model_builds(cfg, job.strategy, packs=packs_rows(cfg.data)), cfg.data)
     world = (cfg.launch.num_processes or default_num_processes()) * cfg.launch.num_machines
     check_optimizer(job, Machine(current_machine().device_type, world, cfg.launch.num_machines))
     if cfg.launch.machine_rank == 0:  # the run's files belong to machine 0
@@ -431,6 +433,7 @@ cli.add_command(config_group)
 cli.add_command(plan)
 cli.add_command(data_group)
 cli.add_command(report)
+cli.add_command(generate)
 
 
 def main() -> None:

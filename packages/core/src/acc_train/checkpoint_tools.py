@@ -35,6 +35,7 @@ from acc_train.output_paths import check_new_directory, new_directory
 
 __all__ = [
     "resolve_checkpoint",
+    "export_model",
     "inspect_checkpoint",
     "registered_formats",
     "convert_targets",
@@ -139,6 +140,14 @@ def export_checkpoint(path: str, to: str, out: str, warn: Warn | None = None, me
         raise UserError(f"cannot export to {to!r}", where="--to", hint="choose: hf")
     check_new_directory(out, "OUT")
     ckpt = resolve_checkpoint(path, warn)
+    model, adapters = _checkpoint_model(ckpt, merge)
+    with new_directory(out, "OUT") as staging:
+        model.save_pretrained(staging, safe_serialization=True)
+    return Path(out), bool(adapters) and not merge
+
+
+def _checkpoint_model(ckpt: Path, merge: bool, device: str = "meta") -> tuple[Any, dict[str, Any] | None]:
+    """(the checkpoint's model from its portable state, its manifest's adapters section)."""
     manifest = verify_checkpoint(ckpt)
     adapters = manifest.get("adapters")
     if merge and not adapters:
@@ -152,28 +161,37 @@ def export_checkpoint(path: str, to: str, out: str, warn: Warn | None = None, me
 
     hf_logging.disable_progress_bar()
     if adapters:
-        model = _adapter_model(ckpt, weights, adapters, merge)
-    else:
-        model = _model_from_weights(ckpt, weights)
-    with new_directory(out, "OUT") as staging:
-        model.save_pretrained(staging, safe_serialization=True)
-    return Path(out), bool(adapters) and not merge
+        return _adapter_model(ckpt, weights, adapters, merge), adapters
+    return _model_from_weights(ckpt, weights, device), None
 
 
-def _meta_model(ckpt: Path) -> Any:
-    """The checkpoint's model (``model_config.json``) on the meta device."""
+def export_model(ckpt: Path) -> Any:
+    """A checkpoint's model in memory, whatever strategy and world size wrote it: the full
+    model, or a LoRA checkpoint's base with its adapters (a PEFT model, its base read from
+    where the manifest says it was trained)."""
+    manifest = verify_checkpoint(ckpt)
+    if not manifest.get("adapters"):
+        return _checkpoint_model(ckpt, merge=False, device="cpu")[0]
+    base, _ = _checkpoint_model(ckpt, merge=True)  # the base's real weights, the adapters merged in
+    return base
+
+
+def _meta_model(ckpt: Path, device: str = "meta") -> Any:
+    """The checkpoint's model (``model_config.json``) on the meta device (or ``device``: built
+    there, its non-persistent buffers, such as rotary frequencies, computed as it is built)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     raw = json.loads((ckpt / "model_config.json").read_text())
     config = AutoConfig.for_model(raw.pop("model_type"), **raw)
-    with torch.device("meta"):
+    with torch.device(device):
         return AutoModelForCausalLM.from_config(config)
 
 
-def _model_from_weights(ckpt: Path, weights: dict[str, Any]) -> Any:
-    """The checkpoint's model holding its full weights."""
-    model = _meta_model(ckpt)
+def _model_from_weights(ckpt: Path, weights: dict[str, Any], device: str = "meta") -> Any:
+    """The checkpoint's model holding its full weights (built on ``device``: ``meta`` to be
+    saved, where buffers the state does not hold are not needed; ``cpu`` to be run)."""
+    model = _meta_model(ckpt, device)
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [m for m in missing if m not in tied]

@@ -180,12 +180,10 @@ def recurrent_layers(model_config: Any) -> str | None:
     return None
 
 
-def check_packing_boundaries(model_config: Any, data_config: Any) -> None:
-    """Packed rows keep examples apart only through attention: refuse packing for a model
-    whose recurrent or linear-attention layers would carry one example's state into the next."""
-    from acc_train.api import packs_rows
-
-    if not packs_rows(data_config):
+def check_packing_boundaries(model_config: Any, packs: bool) -> None:
+    """Packed rows (``packs``) keep examples apart only through attention: refuse packing for a
+    model whose recurrent or linear-attention layers would carry one example's state into the next."""
+    if not packs:
         return
     carries = recurrent_layers(model_config)
     if carries is None:
@@ -199,13 +197,15 @@ def check_packing_boundaries(model_config: Any, data_config: Any) -> None:
     )
 
 
-def check_model_builds(config: JobConfig, strategy: Any = None) -> Any | None:
+def check_model_builds(config: JobConfig, strategy: Any = None, packs: bool | None = None) -> Any | None:
     """Fail before launch on a model config transformers rejects or cannot build, one the
-    ``strategy`` cannot split, or a tokenizer it cannot load; the tokenizer (None: byte level),
-    for the data's checks."""
+    ``strategy`` cannot split, one whose layers cannot keep packed examples apart when the rows
+    are packed (``packs``: ``acc_train.api.packs_rows``), or a tokenizer it cannot load; the
+    tokenizer (None: byte level), for the data's checks."""
     model, mcfg = meta_model(config)
     _check_model_takes_attn(model, config.model)
-    check_packing_boundaries(mcfg, config.data)
+    if packs is not None:
+        check_packing_boundaries(mcfg, packs)
     if strategy is not None:
         strategy.check_model(model)
     return load_tokenizer(config.model)

@@ -1,0 +1,139 @@
+"""``acc-train generate``: a quick look at what a run trained. The model is read from a run's
+``final/`` (a full model, or LoRA adapters on their base), from any checkpoint whatever strategy
+and world size wrote it (its portable state, adapters applied), or from a ``save_pretrained``
+directory; the prompt is tokenized as training tokenized text (the run's tokenizer, bytes for
+the demo model), or with ``chat`` rendered by the tokenizer's chat template; tokens stream to
+the terminal as they are made. One process, on the GPU when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from acc_train.errors import UserError
+
+__all__ = ["load_for_generation", "generate"]
+
+
+def _is_model_dir(p: Path) -> bool:
+    return (p / "config.json").is_file() or (p / "adapter_config.json").is_file()
+
+
+def _run_tokenizer(run_dir: Path) -> Any | None:
+    """The tokenizer of the run whose ``config.yaml`` is in ``run_dir`` (None: byte level)."""
+    from acc_train.config import load_resolved
+    from acc_train.model import load_tokenizer
+
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        return None
+    return load_tokenizer(load_resolved(config).config.model)
+
+
+def _from_directory(p: Path) -> tuple[Any, Any | None]:
+    """A ``save_pretrained`` directory: a full model, or adapters on the base their config names."""
+    import transformers
+
+    if (p / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        base_name = json.loads((p / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        if not base_name:
+            raise UserError(f"{p} holds LoRA adapters but does not name their base model", where="PATH", hint="export the merged model (checkpoint export --merge) and pass that")
+        model = PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base_name), p)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(p)
+    has_tokenizer = (p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(p) if has_tokenizer else _run_tokenizer(p.parent)
+    return model, tokenizer
+
+
+def load_for_generation(path: str) -> tuple[Any, Any | None, str]:
+    """(the model, its tokenizer or None for bytes, what was read): ``path`` is a run's output
+    directory (its ``final/``, else its latest checkpoint), a checkpoint, or a model directory."""
+    from acc_train.checkpoint_tools import export_model, resolve_checkpoint
+
+    p = Path(path).expanduser()
+    if (p / "final").is_dir() and _is_model_dir(p / "final"):
+        model, tokenizer = _from_directory(p / "final")
+        return model, tokenizer, str(p / "final")
+    if _is_model_dir(p):
+        model, tokenizer = _from_directory(p)
+        return model, tokenizer, str(p)
+    ckpt = resolve_checkpoint(path)
+    model = export_model(ckpt)
+    return model, _run_tokenizer(ckpt.parent.parent), str(ckpt)
+
+
+def _encode(tokenizer: Any | None, prompt: str, chat: bool) -> list[int]:
+    if tokenizer is None:
+        if chat:
+            raise UserError("the demo model has no tokenizer, so no chat template", where="--chat", hint="drop --chat")
+        return list(prompt.encode("utf-8"))
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise UserError("the model's tokenizer has no chat template", where="--chat", hint="drop --chat, or train with a tokenizer that has one")
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False))
+    return list(tokenizer(prompt)["input_ids"])
+
+
+def _decode(tokenizer: Any | None, ids: list[int]) -> str:
+    if tokenizer is None:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+    return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def generate(
+    model: Any,
+    tokenizer: Any | None,
+    prompt: str,
+    *,
+    chat: bool = False,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    emit: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The completion of ``prompt`` (greedy when ``temperature`` is 0), each new piece of text
+    passed to ``emit`` as it is made; returns ``{"completion", "tokens", "tokens_per_s"}``."""
+    import time
+
+    import torch
+    from transformers.generation.streamers import BaseStreamer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = model.to(device).eval()
+    ids = torch.tensor([_encode(tokenizer, prompt, chat)], device=device)
+
+    class Stream(BaseStreamer):  # what generate makes, token by token (the prompt comes first: skipped)
+        def __init__(self) -> None:
+            self.made: list[int] = []
+            self.shown = ""
+            self.prompt_seen = False
+
+        def put(self, value: Any) -> None:
+            if not self.prompt_seen:
+                self.prompt_seen = True
+                return
+            self.made.extend(int(t) for t in value.reshape(-1).tolist())
+            text = _decode(tokenizer, self.made)
+            if emit is not None and text.startswith(self.shown) and len(text) > len(self.shown):
+                emit(text[len(self.shown) :])
+                self.shown = text
+
+        def end(self) -> None:
+            pass
+
+    stream = Stream()
+    torch.manual_seed(seed)
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    start = time.perf_counter()
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=max_new_tokens, streamer=stream, pad_token_id=eos if eos is not None else 0, eos_token_id=eos, **sampling)
+    seconds = time.perf_counter() - start
+    return {"completion": _decode(tokenizer, stream.made), "tokens": len(stream.made), "tokens_per_s": len(stream.made) / seconds if seconds > 0 else None}
