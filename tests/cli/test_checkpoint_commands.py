@@ -95,6 +95,11 @@ def test_export_writes_a_model_transformers_loads_with_the_trained_weights(ddp_r
     proc = run_cli("checkpoint", "export", str(ddp_run / "checkpoints" / "step-000020"), "--to", "hf", str(out))
     assert proc.returncode == 0, proc.stderr
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(out / "README.md")  # the card of the checkpoint: its step, strategy and world size, the run's config
+    assert card.data.library_name == "transformers" and "ddp" in card.data.tags
+    assert "step 20" in card.text and "ddp, world size 2" in card.text and "```yaml\n" in card.text
     ids = torch.tensor([[2, 3, 4, 5, 6, 7]])
     exported = AutoModelForCausalLM.from_pretrained(out).eval()
     final = AutoModelForCausalLM.from_pretrained(ddp_run / "final").eval()  # written after step 20

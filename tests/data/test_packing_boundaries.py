@@ -100,12 +100,14 @@ def test_packing_for_a_model_that_cannot_honour_boundaries_is_refused() -> None:
         assert "data.packing=false" in caught.value.hint
 
 
-def test_best_fit_with_streaming_is_refused() -> None:
+def test_best_fit_with_streaming_or_for_text_is_refused() -> None:
     from acc_train.config import load_job
     from acc_train.errors import UserError
 
     with pytest.raises(UserError, match="best_fit sorts every example"):
-        load_job(None, {}, ["data.packing=best_fit", "data.streaming=true", "data.train_files=[x.jsonl]", "training.max_steps=5"])
+        load_job(None, {}, ["data.kind=chat", "data.packing=best_fit", "data.streaming=true", "data.train_files=[x.jsonl]", "training.max_steps=5"])
+    with pytest.raises(UserError, match="best_fit packs whole examples"):
+        load_job(None, {}, ["data.packing=best_fit"])  # kind text: rows cut from the document stream
 
 
 def test_data_prepare_best_fit_packs_fuller_rows_and_says_how_full(tmp_path: Path, tiny_model_dir: Path) -> None:

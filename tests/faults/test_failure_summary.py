@@ -65,7 +65,8 @@ def test_a_busy_main_process_port_is_exit_2_naming_it(tmp_path: Path, tiny_model
 def test_ranks_that_all_lost_a_peer_are_one_lost_peer_message(tmp_path: Path) -> None:
     gloo = "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:3773"
     failures = {0: _recorded(tmp_path, 0, gloo, 1), 1: _recorded(tmp_path, 1, gloo.replace("3773", "3774"), 2)}
-    failed = _failure_report(ChildFailedError("worker", failures))
+    assert not _failure_report(ChildFailedError("worker", failures)).lost_peer  # one machine: nothing else to have lost
+    failed = _failure_report(ChildFailedError("worker", failures), machines=2)
     assert failed.lost_peer and failed.exit_code == 1
     assert failed.report == (
         "lost a peer: rank 0 lost its connection to another rank (Connection closed by peer [10.0.0.2]:3773); rank 1 stopped with it. "
@@ -73,4 +74,6 @@ def test_ranks_that_all_lost_a_peer_are_one_lost_peer_message(tmp_path: Path) ->
     )
     # a rank of this machine that died is the cause, not a lost peer
     failures[2] = _silent(2, -9)
-    assert not _failure_report(ChildFailedError("worker", failures)).lost_peer
+    assert not _failure_report(ChildFailedError("worker", failures), machines=2).lost_peer
+    timeout = {0: _recorded(tmp_path, 0, "RuntimeError: [ProcessGroupNCCL.cpp] Watchdog caught collective operation timeout: Timed out", 1)}
+    assert not _failure_report(ChildFailedError("worker", timeout), machines=2).lost_peer  # a hang is not a lost machine

@@ -185,7 +185,9 @@ def _meta_llama(layers: int = 4, vocab: int = 256) -> object:
         ({"auto_wrap_policy": "none"}, None),  # one unit, asked for by name
         ({"auto_wrap_policy": "size", "min_num_params": 1_000}, None),  # each layer (and its parts) a unit
         # the default 1e8 wraps none of a small model's layers: every one gathered at once
-        ({"auto_wrap_policy": "size"}, "wraps nothing and leaves 4 of its 4 LlamaDecoderLayer layers in the root unit, 100.0% of the parameters"),
+        ({"auto_wrap_policy": "size"}, "puts 4 of the model's 4 LlamaDecoderLayer layers into the root unit, 100.0% of the parameters"),
+        # above one layer, below the stack: the layers' ModuleList is one unit around all of them
+        ({"auto_wrap_policy": "size", "min_num_params": 100_000}, "puts 4 of the model's 4 LlamaDecoderLayer layers into one ModuleList unit"),
     ],
 )
 def test_a_wrap_policy_that_leaves_the_layers_in_the_root_unit_is_refused(options: dict, refused: str | None) -> None:
@@ -197,7 +199,7 @@ def test_a_wrap_policy_that_leaves_the_layers_in_the_root_unit_is_refused(option
     with pytest.raises(UserError, match=refused) as caught:
         strategy.check_model(model)
     assert caught.value.where == "strategy.auto_wrap_policy"
-    assert "lower strategy.min_num_params to at most 41,088" in caught.value.hint  # one layer: 4*64*64 + 3*64*128 + 2*64
+    assert "set strategy.min_num_params below 41,088" in caught.value.hint  # one layer: 4*64*64 + 3*64*128 + 2*64
 
 
 def test_a_plugin_wrap_policy_that_wraps_the_wrong_modules_is_refused() -> None:
@@ -211,6 +213,6 @@ def test_a_plugin_wrap_policy_that_wraps_the_wrong_modules_is_refused() -> None:
         def build(self, model: object, options: dict) -> object:
             return lambda module: type(module).__name__ == "LlamaRMSNorm"
 
-    with pytest.raises(UserError, match=r"wraps 5 units and leaves 2 of its 2 LlamaDecoderLayer layers in the root unit, 99.7%") as caught:
+    with pytest.raises(UserError, match=r"puts 2 of the model's 2 LlamaDecoderLayer layers into the root unit, 99.7%") as caught:
         check_units(_meta_llama(layers=2), NormsOnly(), {})
     assert "auto_wrap_policy: transformer" in caught.value.hint

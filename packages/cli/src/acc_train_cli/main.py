@@ -240,7 +240,12 @@ def _lost_peer_advice(section: Any, output_dir: str | None) -> str:
     from acc_train.checkpoint import find_checkpoint
 
     latest = find_checkpoint(Path(output_dir), "auto") if os.path.isdir(output_dir) else None
-    since = f"last complete checkpoint: {latest}" if latest else "no checkpoint was complete yet: the restart trains from step 0"
+    if latest:
+        since = f"last complete checkpoint: {latest}"
+    elif section.machine_rank != 0:  # machine 0 writes the checkpoints; this one may not see them
+        since = f"the checkpoints are machine 0's, in its {output_dir}"
+    else:
+        since = "no checkpoint was complete yet: the restart trains from step 0"
     return f"  {since}\n  restart {machines}: {_again_with_resume_auto(sys.argv[1:])}"
 
 

@@ -140,15 +140,35 @@ def export_checkpoint(path: str, to: str, out: str, warn: Warn | None = None, me
         raise UserError(f"cannot export to {to!r}", where="--to", hint="choose: hf")
     check_new_directory(out, "OUT")
     ckpt = resolve_checkpoint(path, warn)
-    model, adapters = _checkpoint_model(ckpt, merge)
+    manifest = verify_checkpoint(ckpt)
+    model, adapters = _checkpoint_model(ckpt, manifest, merge)
     with new_directory(out, "OUT") as staging:
         model.save_pretrained(staging, safe_serialization=True)
+        card = _checkpoint_card(ckpt, manifest, adapter=bool(adapters) and not merge, warn=warn)
+        if card is not None:
+            (Path(staging) / "README.md").write_text(card)
     return Path(out), bool(adapters) and not merge
 
 
-def _checkpoint_model(ckpt: Path, merge: bool, device: str = "meta") -> tuple[Any, dict[str, Any] | None]:
+def _checkpoint_card(ckpt: Path, manifest: dict[str, Any], adapter: bool, warn: Warn | None) -> str | None:
+    """The model card of an exported checkpoint, from its run's ``config.yaml`` (beside its
+    ``checkpoints/``) and its manifest; None (said through ``warn``) when that config is not
+    there or cannot be read: the export goes on without a card."""
+    from acc_train.config import load_resolved
+    from acc_train.model_card import checkpoint_summary, model_card
+
+    config_file = ckpt.parent.parent / "config.yaml"
+    try:
+        job = load_resolved(config_file)
+        return model_card(job.to_yaml(), job.config, checkpoint_summary(manifest), adapter)
+    except Exception as exc:  # noqa: BLE001 - a copied checkpoint without its run, an old config: no card, said
+        if warn is not None:
+            warn(f"no model card written: the run's config ({config_file}) cannot be read ({type(exc).__name__})")
+        return None
+
+
+def _checkpoint_model(ckpt: Path, manifest: dict[str, Any], merge: bool, device: str = "meta") -> tuple[Any, dict[str, Any] | None]:
     """(the checkpoint's model from its portable state, its manifest's adapters section)."""
-    manifest = verify_checkpoint(ckpt)
     adapters = manifest.get("adapters")
     if merge and not adapters:
         raise UserError("--merge merges LoRA adapters, and this checkpoint holds the full model", where="--merge", hint="export it without --merge")
@@ -167,13 +187,11 @@ def _checkpoint_model(ckpt: Path, merge: bool, device: str = "meta") -> tuple[An
 
 def export_model(ckpt: Path) -> Any:
     """A checkpoint's model in memory, whatever strategy and world size wrote it: the full
-    model, or a LoRA checkpoint's base with its adapters (a PEFT model, its base read from
-    where the manifest says it was trained)."""
+    model, or for a LoRA checkpoint its base (read from where the manifest says it was
+    trained) with the adapters merged into its weights."""
     manifest = verify_checkpoint(ckpt)
-    if not manifest.get("adapters"):
-        return _checkpoint_model(ckpt, merge=False, device="cpu")[0]
-    base, _ = _checkpoint_model(ckpt, merge=True)  # the base's real weights, the adapters merged in
-    return base
+    model, _ = _checkpoint_model(ckpt, manifest, merge=bool(manifest.get("adapters")), device="cpu")
+    return model
 
 
 def _meta_model(ckpt: Path, device: str = "meta") -> Any:

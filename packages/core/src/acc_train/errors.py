@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["UserError", "PluginError", "closest", "EXIT_USER_ERROR", "LOST_PEER", "is_lost_peer"]
+__all__ = ["UserError", "PluginError", "closest", "EXIT_USER_ERROR", "LOST_PEER", "is_lost_peer", "CONNECTION_LOST", "is_connection_lost"]
 
 EXIT_USER_ERROR = 2
 
@@ -47,3 +47,13 @@ LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 def is_lost_peer(text: str) -> bool:
     """Whether an error's text is a lost peer's symptom (:data:`LOST_PEER`)."""
     return any(s in text for s in LOST_PEER)
+
+
+#: what a rank records when the connection to another rank closed under it (gloo's words): the
+#: one symptom that is reported as a lost machine, where the run spans several
+CONNECTION_LOST = ("Connection closed by peer", "Connection reset by peer")
+
+
+def is_connection_lost(text: str) -> bool:
+    """Whether an error's text says a connection to another rank closed (:data:`CONNECTION_LOST`)."""
+    return any(s in text for s in CONNECTION_LOST)

@@ -57,15 +57,26 @@ def load_for_generation(path: str) -> tuple[Any, Any | None, str]:
     from acc_train.checkpoint_tools import export_model, resolve_checkpoint
 
     p = Path(path).expanduser()
-    if (p / "final").is_dir() and _is_model_dir(p / "final"):
-        model, tokenizer = _from_directory(p / "final")
-        return model, tokenizer, str(p / "final")
-    if _is_model_dir(p):
-        model, tokenizer = _from_directory(p)
-        return model, tokenizer, str(p)
-    ckpt = resolve_checkpoint(path)
-    model = export_model(ckpt)
-    return model, _run_tokenizer(ckpt.parent.parent), str(ckpt)
+    try:
+        if (p / "final").is_dir() and _is_model_dir(p / "final"):
+            model, tokenizer = _from_directory(p / "final")
+            source = str(p / "final")
+        elif _is_model_dir(p):
+            model, tokenizer = _from_directory(p)
+            source = str(p)
+        else:
+            ckpt = resolve_checkpoint(path)
+            model, tokenizer, source = export_model(ckpt), _run_tokenizer(ckpt.parent.parent), str(ckpt)
+    except OSError as exc:  # a model or base model that cannot be read
+        raise UserError(f"cannot load the model from {path!r}: {exc}".splitlines()[0], where="RUN_OR_CHECKPOINT") from None
+    vocab = getattr(getattr(model, "config", None), "vocab_size", 0) or 0
+    if tokenizer is None and vocab > 256:  # bytes are the demo model's text, not this model's
+        raise UserError(
+            f"found no tokenizer for {source} (vocabulary of {vocab}): neither in the directory nor in its run's config.yaml",
+            where="RUN_OR_CHECKPOINT",
+            hint="pass the run's output directory or its final/ (which hold the tokenizer), or save the tokenizer beside the model",
+        )
+    return model, tokenizer, source
 
 
 def _encode(tokenizer: Any | None, prompt: str, chat: bool) -> list[int]:
@@ -107,7 +118,10 @@ def generate(
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device).eval()
-    ids = torch.tensor([_encode(tokenizer, prompt, chat)], device=device)
+    encoded = _encode(tokenizer, prompt, chat)
+    if not encoded:
+        raise UserError("the prompt is empty", where="--prompt", hint="give a prompt with some text")
+    ids = torch.tensor([encoded], dtype=torch.long, device=device)
 
     class Stream(BaseStreamer):  # what generate makes, token by token (the prompt comes first: skipped)
         def __init__(self) -> None:
@@ -120,13 +134,20 @@ def generate(
                 self.prompt_seen = True
                 return
             self.made.extend(int(t) for t in value.reshape(-1).tolist())
+            self.flush(final=False)
+
+        def flush(self, final: bool) -> None:
+            """Emit what is new; a character split across tokens (decoded as U+FFFD so far)
+            waits for its next token, unless this is the end."""
             text = _decode(tokenizer, self.made)
+            if not final:
+                text = text.rstrip("\ufffd")
             if emit is not None and text.startswith(self.shown) and len(text) > len(self.shown):
                 emit(text[len(self.shown) :])
                 self.shown = text
 
         def end(self) -> None:
-            pass
+            self.flush(final=True)
 
     stream = Stream()
     torch.manual_seed(seed)

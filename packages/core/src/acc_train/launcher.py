@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from acc_train.config import LaunchConfig as LaunchSection
-from acc_train.errors import EXIT_USER_ERROR, is_lost_peer
+from acc_train.errors import EXIT_USER_ERROR, is_connection_lost, is_lost_peer
 
 __all__ = ["launch", "LaunchFailed", "LaunchStopped", "default_num_processes", "worker_command"]
 
@@ -157,7 +157,7 @@ def launch(section: LaunchSection, args: list[str], env: dict[str, str]) -> None
     try:
         elastic_launch(_launch_config(section, nproc), sys.executable)(*args)
     except ChildFailedError as exc:
-        raise _failure_report(exc) from None
+        raise _failure_report(exc, machines=section.num_machines) from None
     except (DistNetworkError, RendezvousError) as exc:  # before any worker started: the launch settings
         raise _rendezvous_report(section, exc) from None
     except SignalException as exc:  # the workers got it too, and had shutdown_timeout seconds to stop
@@ -219,7 +219,7 @@ def _lost_peer_report(exc: Any, rank: int, first: Any) -> LaunchFailed:
     """Every rank here stopped because a peer's connection went: one message, the symptom as
     the first rank to notice recorded it (gloo names the peer's address), no traceback."""
     text = _message(first).splitlines()[0] if _message(first) else ""
-    seen = re.search(r"(Connection closed by peer|Connection reset by peer|Broken pipe|Socket Timeout|Timed out)( \[[^\]]+\]:\d+)?", text)
+    seen = re.search(r"(Connection closed by peer|Connection reset by peer)( \[[^\]]+\]:\d+)?", text)
     symptom = seen.group(0).strip() if seen else text[:200]
     others = sorted(r for r in exc.failures if r != rank)
     also = f"; rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} stopped with it" if others else ""
@@ -230,10 +230,11 @@ def _lost_peer_report(exc: Any, rank: int, first: Any) -> LaunchFailed:
     return LaunchFailed(first.exitcode if first.exitcode > 0 else 1, report, lost_peer=True)
 
 
-def _failure_report(exc: Any) -> LaunchFailed:
+def _failure_report(exc: Any, machines: int = 1) -> LaunchFailed:
     rank, first = _root_cause(exc)
     text = _message(first)
-    if _recorded(first) and is_lost_peer(text) and first.exitcode != EXIT_USER_ERROR:
+    # every rank here lost its connection, and nothing here died first: another machine's rank
+    if machines > 1 and _recorded(first) and is_connection_lost(text) and first.exitcode != EXIT_USER_ERROR:
         return _lost_peer_report(exc, rank, first)
     # the worker recorded a UserError and exits 2; a process that crashes in native teardown
     # after recording it (seen under heavy load: SIGBUS/abort at interpreter exit) still failed

@@ -171,9 +171,9 @@ def recurrent_layers(model_config: Any) -> str | None:
     other = sorted({t for t in layer_types if t not in ATTENTION_LAYER_TYPES})
     if other:
         return f"its {', '.join(other)} layers"
-    blocks = [str(t) for t in (getattr(model_config, "layers_block_type", None) or [])]
-    if any(t != "attention" for t in blocks):
-        return f"its {', '.join(sorted({t for t in blocks if t != 'attention'}))} layers"
+    blocks = {str(t) for t in (getattr(model_config, "layers_block_type", None) or [])} - ATTENTION_LAYER_TYPES
+    if blocks:
+        return f"its {', '.join(sorted(blocks))} layers"
     model_type = getattr(model_config, "model_type", None)
     if model_type in RECURRENT_MODEL_TYPES:
         return f"its recurrent (state-space or linear-attention) layers ({model_type})"

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["model_card", "base_model_id", "data_digest"]
+__all__ = ["model_card", "checkpoint_summary", "base_model_id", "data_digest"]
 
 
 def base_model_id(name_or_path: str | None) -> str | None:
@@ -49,15 +49,27 @@ def _loss(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, (int, float)) else "-"
 
 
-def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: bool) -> str:
-    """The card's text: YAML metadata between ``---`` lines, then Markdown."""
-    from huggingface_hub import ModelCardData
+def checkpoint_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint's manifest says of its run, in ``run.json``'s terms (for the card of an
+    exported checkpoint: its step, not the run's end; no losses)."""
+    data = manifest.get("data") or {}
+    return {
+        "strategy": manifest.get("strategy"),
+        "world_size": manifest.get("world_size"),
+        "steps": manifest.get("step"),
+        "data": {"kind": data.get("kind"), "rows": data.get("train_rows")},
+        "digest": data.get("train_digest"),
+        "checkpoint": True,
+    }
 
+
+def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: bool) -> str:
+    """The card's text: YAML metadata between ``---`` lines, then Markdown. ``summary``: the
+    run's ``run.json``, or :func:`checkpoint_summary` for an exported checkpoint."""
+    if summary.get("checkpoint"):
+        return _checkpoint_card(config_yaml, config, summary, adapter)
     base = base_model_id(config.model.name_or_path)
-    tags = ["acc-train", str(summary.get("strategy") or config.strategy["name"]), f"data-{config.data.kind}"]
-    if adapter:
-        tags.append("lora")
-    data = ModelCardData(base_model=base, library_name="peft" if adapter else "transformers", tags=tags, pipeline_tag="text-generation")
+    data = _metadata(config, str(summary.get("strategy") or config.strategy["name"]), adapter)
     data_section = summary.get("data") or {}
     files = list(config.data.train_files) or ["the demo text (the Python standard library's source)"]
     digest = data_digest(summary)
@@ -84,6 +96,39 @@ def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: 
         "## Training config",
         "",
         "The resolved job (`config.yaml` of the run):",
+        "",
+        "```yaml",
+        config_yaml.rstrip(),
+        "```",
+        "",
+    ]
+    return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)
+
+
+def _metadata(config: Any, strategy: str, adapter: bool) -> Any:
+    from huggingface_hub import ModelCardData
+
+    tags = ["acc-train", strategy, f"data-{config.data.kind}"] + (["lora"] if adapter else [])
+    return ModelCardData(base_model=base_model_id(config.model.name_or_path), library_name="peft" if adapter else "transformers", tags=tags, pipeline_tag="text-generation")
+
+
+def _checkpoint_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: bool) -> str:
+    data = _metadata(config, str(summary.get("strategy")), adapter)
+    files = ", ".join(config.data.train_files) or "the demo text"
+    body = [
+        f"# {Path(config.output_dir).name}, step {summary.get('steps')}",
+        "",
+        "Exported by acc-train from a checkpoint of a run (`acc-train checkpoint export`).",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| base model | {base_model_id(config.model.name_or_path) or config.model.name_or_path or 'the demo model'} |",
+        f"| strategy | {summary.get('strategy')}, world size {summary.get('world_size')} |",
+        f"| steps | {summary.get('steps')} optimizer steps (this checkpoint) |",
+        f"| data | {files}; kind {summary['data'].get('kind')}, {summary['data'].get('rows')} rows"
+        + (f"; digest {summary['digest']}" if summary.get("digest") else "") + " |",
+        "",
+        "## Training config",
         "",
         "```yaml",
         config_yaml.rstrip(),

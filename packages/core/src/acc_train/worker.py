@@ -131,22 +131,24 @@ def _atomic_error_handler() -> Any:
 
 def record_errors(fn: Callable[[], None]) -> Callable[[], None]:
     """torch's ``@record`` (a failing rank's error and traceback reach the launching command),
-    with the error file written atomically. A lost peer's symptom (another machine's rank died)
-    is recorded and exits 1 without printing its traceback: the command reports it once."""
+    with the error file written atomically. On several machines, a connection to another rank
+    that closed (another machine's rank died) is recorded and exits 1 without printing its
+    traceback: the command reports it once."""
     import functools
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from acc_train.errors import is_lost_peer
+    from acc_train.errors import is_connection_lost
 
     recorded = record(fn, error_handler=_atomic_error_handler())
+    several_machines = os.environ.get("GROUP_WORLD_SIZE", "1") not in ("", "1")  # torch elastic: the machines' agents
 
     @functools.wraps(fn)
     def run() -> None:
         try:
             recorded()
         except Exception as exc:
-            if is_lost_peer(str(exc)):  # recorded; the launching command says it once, without the traceback
+            if several_machines and is_connection_lost(str(exc)):  # recorded; the command says it once, without the traceback
                 sys.exit(1)
             raise
 

@@ -70,35 +70,49 @@ class NoWrapPolicy(WrapPolicy):
 
 
 def check_units(model: Any, policy: WrapPolicy, options: dict[str, Any]) -> None:
-    """Refuse a wrap policy that leaves most of the model in the root unit with its layers in it:
-    FSDP would gather all of them at once, in every forward and backward, and a model that needs
-    sharding runs out of memory (on a cluster, after the queue and the download). ``none`` asks
-    for one unit on purpose and is not checked; a layer is a class of the model's
-    ``_no_split_modules`` (what the transformer policy wraps)."""
+    """Refuse a wrap policy that puts most of the model's layers (its ``_no_split_modules``
+    classes, what the transformer policy wraps one by one) into one unit: the root (a policy
+    that wraps nothing, or too little) or a unit around them all (a size policy whose minimum
+    is above one layer and below the whole stack). FSDP gathers a unit at once, in every
+    forward and backward: a model that needs sharding runs out of memory (on a cluster, after
+    the queue and the download). ``none`` asks for one unit on purpose and is not checked."""
     if policy.name == "none":
         return
     predicate = policy.build(model, options)
     units = [m for m in model.modules() if m is not model and predicate(m)]
-    covered = {id(p) for unit in units for p in unit.parameters()}
+    owner: dict[int, Any] = {}  # each parameter's innermost unit (the model: the root unit)
+    for unit in [model, *units]:  # modules() is outer before inner: the innermost wins
+        for p in unit.parameters():
+            owner[id(p)] = unit
     params = list(model.parameters())
     total = sum(p.numel() for p in params)
-    in_root = sum(p.numel() for p in params if id(p) not in covered)
     layer_names = set(getattr(model, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in layer_names]
-    left = [m for m in layers if any(id(p) not in covered for p in m.parameters())]
-    if not total or in_root * 2 <= total or (layers and not left):
+    if not total or len(layers) < 2:
         return
-    share = f"{in_root / total:.1%} of the parameters ({in_root:,} of {total:,})"
-    what = f"{len(left)} of its {len(layers)} {type(left[0]).__name__} layers" if left else "every submodule"
-    largest = max((sum(p.numel() for p in m.parameters()) for m in left), default=0)
-    hint = (
-        f"lower strategy.min_num_params to at most {largest:,} (one layer's parameters), or use auto_wrap_policy: transformer"
-        if policy.name == "size"
-        else "use auto_wrap_policy: transformer, or auto_wrap_policy: none to keep one unit on purpose"
-    )
-    raise UserError(
-        f"wrap policy {policy.name!r} wraps {'nothing' if not units else f'{len(units)} units'} and leaves {what} in the root unit, "
-        f"{share}: FSDP would gather them all at once in every step",
-        where="strategy.auto_wrap_policy",
-        hint=hint,
-    )
+    held: dict[int, set[int]] = {}  # unit -> the layers some of whose parameters it holds
+    for i, layer in enumerate(layers):
+        for p in layer.parameters():
+            held.setdefault(id(owner[id(p)]), set()).add(i)
+    by_id = {id(u): u for u in [model, *units]}
+    for unit_id, index in held.items():
+        if len(index) < 2:
+            continue
+        unit = by_id[unit_id]
+        in_unit = sum(p.numel() for p in params if owner[id(p)] is unit)
+        if in_unit * 2 <= total:
+            continue
+        where = "the root unit" if unit is model else f"one {type(unit).__name__} unit"
+        share = f"{in_unit / total:.1%} of the parameters ({in_unit:,} of {total:,})"
+        largest = max(sum(p.numel() for p in layers[i].parameters()) for i in index)
+        hint = (
+            f"set strategy.min_num_params below {largest:,} (one layer's parameters), or use auto_wrap_policy: transformer"
+            if policy.name == "size"
+            else "use auto_wrap_policy: transformer, or auto_wrap_policy: none to keep one unit on purpose"
+        )
+        raise UserError(
+            f"wrap policy {policy.name!r} puts {len(index)} of the model's {len(layers)} {type(layers[next(iter(index))]).__name__} layers "
+            f"into {where}, {share}: FSDP would gather them all at once in every step",
+            where="strategy.auto_wrap_policy",
+            hint=hint,
+        )

@@ -184,6 +184,11 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _best_fit_needs_the_whole_data(self) -> DataConfig:
+        if self.packing == "best_fit" and self.kind == "text":
+            raise ValueError(
+                "data.packing best_fit packs whole examples (prompt_completion, chat); kind text cuts its documents' "
+                "token stream into rows wherever the cut falls, with no room left to fill: use packing: true"
+            )
         if self.packing == "best_fit" and self.streaming:
             raise ValueError(
                 "data.packing best_fit sorts every example by length before placing it, which a stream never has at once; "

@@ -53,8 +53,9 @@ def packed_rows(starts: np.ndarray, seq_len: int) -> np.ndarray:
 def best_fit(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Best-fit decreasing: the examples, longest first, each into the open row it fills the
     most (the least room left that still takes it), else a new row. Returns (the example
-    indices row after row, each row's examples in their data order; each row's number of
-    examples). A segment tree over the room left (0..seq_len) finds the row in O(log seq_len):
+    indices row after row, each row's examples in their data order and the rows in the order
+    of their first example, so that a held-out tail or an unshuffled epoch is not the shortest
+    leftovers; each row's number of examples). A segment tree over the room left (0..seq_len) finds the row in O(log seq_len):
     a million examples take seconds."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if len(lengths) and int(lengths.max()) > seq_len:
@@ -99,6 +100,7 @@ def best_fit(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]
             left = room - n
         waiting.setdefault(left, []).append(row)
         change(left, 1)
+    rows.sort(key=min)  # rows in the order of their first example: the data's order, roughly (not longest first)
     order = np.asarray([i for row in rows for i in sorted(row)], dtype=np.int64)
     return order, np.asarray([len(row) for row in rows], dtype=np.int64)
 

@@ -175,6 +175,21 @@ def _save_in_dtype(model: Any, state_dict: dict[str, Any], dtype: Any, directory
     config.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
 
 
+def _write_card(run: RunContext, summary: dict[str, Any], directory: Path, adapter: bool) -> None:
+    """``README.md``, the model card, into ``directory``; best effort: a card that cannot be
+    made is a warning, never the loss of the trained model."""
+    from acc_train.model_card import model_card
+
+    try:
+        card = model_card(run.job.to_yaml(), run.job.config, summary, adapter=adapter)
+    except Exception as exc:  # noqa: BLE001 - huggingface_hub's metadata, a config it cannot render: said, and final/ is written without it
+        import sys
+
+        print(f"warning: final/README.md (the model card) not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return
+    (directory / "README.md").write_text(card)
+
+
 def save_final(run: RunContext, tokenizer: Any, summary: dict[str, Any] | None = None) -> None:
     """``final/``: the consolidated model as ``save_pretrained`` safetensors in
     :func:`~acc_train.model.final_dtype` (a bf16-stored model is written back in bf16), moved in
@@ -199,10 +214,7 @@ def save_final(run: RunContext, tokenizer: Any, summary: dict[str, Any] | None =
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
             if summary is not None:
-                from acc_train.model_card import model_card
-
-                card = model_card(run.job.to_yaml(), run.job.config, summary, adapter=is_adapter_model(unwrapped))
-                (tmp / "README.md").write_text(card)
+                _write_card(run, summary, tmp, adapter=is_adapter_model(unwrapped))
         except BaseException as exc:  # a full disk, say: no partial final/ left behind
             from acc_train.disk_full import disk_full_error
 

@@ -218,8 +218,10 @@ def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
 
     if packed_mask_kind(model) == "varlen":  # flash attention: the packed boundaries as its varlen keywords
         for loader in (data.train_dl, data.eval_dl):
-            if loader is not None and hasattr(loader.collate_fn, "varlen"):
-                loader.collate_fn.varlen = True
+            inner = getattr(loader, "loader", loader)  # a streamed loader is wrapped (DeviceBatches)
+            collate = getattr(inner, "collate_fn", None)
+            if collate is not None and hasattr(collate, "varlen"):
+                collate.varlen = True
     built = BuiltModel(model, model_fingerprint(model.config), type(model).__name__, json.loads(model.config.to_json_string(use_diff=False)))
     if cfg.training.gradient_checkpointing:  # after the fingerprint: use_cache is a training setting, not the model
         enable_gradient_checkpointing(model)

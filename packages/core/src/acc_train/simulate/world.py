@@ -192,6 +192,7 @@ def fake_world(rank: int, world_size: int, local_world_size: int) -> Iterator[Sc
         return id(param) if isinstance(local, FakeTensor) else parameter_id(param)
 
     reads = ScalarReads()
+    HELD_OUTSIDE.clear()  # (one world per process, but a second one must not see the first one's)
     try:
         with ExitStack() as stack:
             _replicas_on_the_fake_group(stack)
