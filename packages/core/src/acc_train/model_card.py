@@ -83,25 +83,19 @@ def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: 
         ("data", f"{', '.join(files)}; kind {data_section.get('kind')}, {data_section.get('documents')} examples, {data_section.get('rows')} rows of {config.data.seq_len} tokens"
                  + (f"; digest {digest}" if digest else "")),
     ]  # fmt: skip
-    body = [
-        f"# {Path(config.output_dir).name}",
-        "",
+    intro = (
         "Trained with [acc-train](https://github.com/acc-train/acc-train), which ran the job's own training loop under the "
-        "strategy below through Hugging Face Accelerate.",
-        "",
-        "| | |",
-        "|---|---|",
-        *[f"| {name} | {value} |" for name, value in facts],
-        "",
-        "## Training config",
-        "",
-        "The resolved job (`config.yaml` of the run):",
-        "",
-        "```yaml",
-        config_yaml.rstrip(),
-        "```",
-        "",
-    ]
+        "strategy below through Hugging Face Accelerate."
+    )
+    return _render(data, Path(config.output_dir).name, intro, facts, config_yaml)
+
+
+def _render(data: Any, title: str, intro: str, facts: list[tuple[str, Any]], config_yaml: str) -> str:
+    """Metadata between ``---`` lines, the title, the facts as a table, the resolved job."""
+    body = [
+        f"# {title}", "", intro, "", "| | |", "|---|---|", *[f"| {name} | {value} |" for name, value in facts], "",
+        "## Training config", "", "The resolved job (`config.yaml` of the run):", "", "```yaml", config_yaml.rstrip(), "```", "",
+    ]  # fmt: skip
     return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)
 
 
@@ -115,24 +109,12 @@ def _metadata(config: Any, strategy: str, adapter: bool) -> Any:
 def _checkpoint_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: bool) -> str:
     data = _metadata(config, str(summary.get("strategy")), adapter)
     files = ", ".join(config.data.train_files) or "the demo text"
-    body = [
-        f"# {Path(config.output_dir).name}, step {summary.get('steps')}",
-        "",
-        "Exported by acc-train from a checkpoint of a run (`acc-train checkpoint export`).",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| base model | {base_model_id(config.model.name_or_path) or config.model.name_or_path or 'the demo model'} |",
-        f"| strategy | {summary.get('strategy')}, world size {summary.get('world_size')} |",
-        f"| steps | {summary.get('steps')} optimizer steps (this checkpoint) |",
-        f"| data | {files}; kind {summary['data'].get('kind')}, {summary['data'].get('rows')} rows"
-        + (f"; digest {summary['digest']}" if summary.get("digest") else "") + " |",
-        "",
-        "## Training config",
-        "",
-        "```yaml",
-        config_yaml.rstrip(),
-        "```",
-        "",
+    digest = f"; digest {summary['digest']}" if summary.get("digest") else ""
+    facts = [
+        ("base model", base_model_id(config.model.name_or_path) or config.model.name_or_path or "the demo model"),
+        ("strategy", f"{summary.get('strategy')}, world size {summary.get('world_size')}"),
+        ("steps", f"{summary.get('steps')} optimizer steps (this checkpoint)"),
+        ("data", f"{files}; kind {summary['data'].get('kind')}, {summary['data'].get('rows')} rows{digest}"),
     ]
-    return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)
+    intro = "Exported by acc-train from a checkpoint of a run (`acc-train checkpoint export`)."
+    return _render(data, f"{Path(config.output_dir).name}, step {summary.get('steps')}", intro, facts, config_yaml)
