@@ -182,10 +182,47 @@ def shared_runs(tmp_path_factory: pytest.TempPathFactory, args_for: Callable[[st
             out = tmp_path_factory.mktemp(name) / "run"
             proc = run_cli(*args_for(name, out))
             assert proc.returncode == 0, proc.stderr[-4000:]
+            (out.parent / "stderr.txt").write_text(proc.stderr)  # what the user saw, beside the run
             made[name] = out
         return made[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def ordered_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """jsonl train and eval files whose lines are 8-24 of the tiny vocabulary's words in one
+    cyclic order from a random start: the next word is learnable, so a randomly initialised
+    model's loss falls within a few steps (word salad sits at its entropy from the first)."""
+    import random
+
+    path = tmp_path_factory.mktemp("ordered-data")
+    words = list(dict.fromkeys(WORDS))
+    rng = random.Random(0)
+    files = {}
+    for split, n in (("train", 200), ("eval", 20)):
+        with (path / f"{split}.jsonl").open("w") as fh:
+            for _ in range(n):
+                start = rng.randrange(len(words))
+                fh.write(json.dumps({"text": " ".join(words[(start + i) % len(words)] for i in range(rng.randint(8, 24)))}) + "\n")
+        files[split] = path / f"{split}.jsonl"
+    return files
+
+
+def matrix_args(model: Path, data: dict[str, Path], out: Path, name: str, *extra: str) -> list[str]:
+    """The launch of tests/matrix/combinations.py's combination ``name``: 6 steps, checkpoints
+    at 3 and 6, at 1e-2 (the ordered data at that rate falls clearly in 6 steps)."""
+    from tests.matrix.combinations import COMBINATIONS, SAVED, STEPS
+
+    steps = ("--max-steps", str(STEPS), "--set", f"checkpoint.every={SAVED}", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=0")
+    return [*tiny_job_args(model, data, out, "--lr", "1e-2", *steps), *COMBINATIONS[name].args(), *extra]
+
+
+@pytest.fixture(scope="session")
+def matrix_runs(tmp_path_factory: pytest.TempPathFactory, tiny_bf16_model_dir: Path, ordered_data: dict[str, Path]) -> Callable[[str], Path]:
+    """The support matrix's combinations (tests/matrix/combinations.py) on the tiny model stored
+    in bf16, launched on first use (their tests share each one's xdist group)."""
+    return shared_runs(tmp_path_factory, lambda name, out: matrix_args(tiny_bf16_model_dir, ordered_data, out, name))
 
 
 def stopped_copy(run: Path, dest: Path, saved: int, lost: int) -> Path:

@@ -2,7 +2,8 @@
 before launch (``acc-train``'s own), on a tiny job, for a machine described, not this one.
 
 A cell is *refused* (with the refusal's own message), *tested* (accepted, and the test that
-runs it is named) or *accepted* (accepted before launch; no test in the suite runs it).
+runs it is named), *device* (accepted; only the device check trains it, on a lent GPU) or
+*accepted* (accepted before launch; nothing trains it).
 ``python docs/_gen/matrix.py`` rewrites ``docs/reference/support-matrix.md``;
 ``tests/core/test_docs_site.py`` fails when the committed page differs.
 """
@@ -14,6 +15,7 @@ import html
 import importlib.util
 import io
 import re
+import sys
 import unittest.mock
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reference" / "support-matrix.md"
+if str(ROOT) not in sys.path:  # tests/matrix/combinations.py: plain data, no test dependencies
+    sys.path.insert(0, str(ROOT))
+
+from tests.matrix.combinations import COMBINATIONS  # noqa: E402
 
 #: row label -> (strategy section, processes): a tiny job on 4 processes unless a mesh needs more
 ROWS: dict[str, tuple[dict[str, Any], int]] = {
@@ -65,6 +71,7 @@ _FSDP = "tests/strategy_fsdp/test_fsdp_training.py"
 _MESH = "tests/strategy_fsdp/test_mesh.py"
 _DS = "tests/strategy_deepspeed/test_deepspeed_training.py"
 _LORA = "tests/fine_tune/test_lora_runs.py"
+_CELLS = "tests/matrix/test_cells.py::test_combination_trains_and_resumes_exactly"
 TESTED: dict[tuple[str, str], str] = {
     ("ddp", "CPU"): f"{_DDP}::test_run_is_real_ddp_on_two_cpu_ranks",
     ("fsdp2", "CPU"): f"{_FSDP}::test_real_fsdp_shards_parameters_across_two_cpu_ranks",
@@ -100,7 +107,27 @@ TESTED: dict[tuple[str, str], str] = {
     ("fsdp2", "fp32"): f"{_FSDP}::test_losses_match_ddp_with_the_same_seed_and_data",
     ("fsdp1", "fp32"): f"{_FSDP}::test_losses_match_ddp_with_the_same_seed_and_data",
     ("zero3", "fp32"): f"{_DS}::test_zero3_losses_match_ddp",
+    # the mesh runs and ZeRO-1's train fp32 with adamw (the default optimizer) to DDP's losses
+    **{("hsdp 2x2", c): f"{_MESH}::test_hsdp_trains_to_ddps_losses_and_records_its_mesh" for c in ("fp32", "adamw")},
+    **{(r, c): f"{_MESH}::test_tensor_parallel_trains_to_ddps_losses_and_records_its_mesh" for r in ("tp 2", "fsdp 2 x tp 2") for c in ("fp32", "adamw")},
+    **{("zero1", c): f"{_DS}::test_stages_1_and_2_train_like_ddp" for c in ("fp32", "adamw")},
+    # the zero2 preset trains steps 11-20 of FSDP2's fp32 run from its checkpoint, to its losses
+    **{("zero2", c): "tests/checkpoints/test_portable_resume.py::test_resume_under_another_strategy_or_world_size_continues_its_run" for c in ("fp32", "adamw")},
+    # the covering set of combined launches (tests/matrix/combinations.py): each trains its row
+    # with several columns at once, and resumes exactly
+    **{(c.row, column): f"{_CELLS}[{name}]" for name, c in COMBINATIONS.items() for column in c.columns},
 }
+
+#: (row, column) -> the device check's row that trains it on a lent GPU (bench/device/check.py
+#: ROWS; at world size 1, bf16): evidence outside CI, for cells no CPU can train
+DEVICE: dict[tuple[str, str], str] = {
+    ("ddp", "GPU"): "ddp",
+}
+
+#: columns only a GPU machine can train (the rest train on CPU processes over gloo): a CUDA
+#: device itself, fp16 (a CPU run refuses it: "fp16 mixed precision needs a GPU"), and
+#: bitsandbytes' 8-bit optimizer (bitsandbytes' CUDA kernels)
+GPU_COLUMNS = ("GPU", "fp16", "adamw_8bit")
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -173,17 +200,28 @@ def cells() -> dict[tuple[str, str], Cell]:
     for row, (strategy, processes) in ROWS.items():
         for column, (overrides, device) in COLUMNS.items():
             message = preflight(overrides, strategy, processes, device)
-            test = TESTED.get((row, column))
-            if message is not None and test is not None:
-                raise AssertionError(f"{row} x {column} is refused, yet TESTED names {test}: {message}")
+            test, device_row = TESTED.get((row, column)), DEVICE.get((row, column))
+            if message is not None and (test or device_row) is not None:
+                raise AssertionError(f"{row} x {column} is refused, yet {test or device_row} trains it: {message}")
             if message is not None:
                 out[row, column] = ("refused", _one_line(message))
+            elif test:
+                out[row, column] = ("tested", test)
+            elif device_row:
+                out[row, column] = ("device", f"the device check's row {device_row!r} (bench/device/check.py) trains it on a lent GPU; no CI test")
             else:
-                out[row, column] = ("tested", test) if test else ("accepted", "accepted before launch; no test runs it")
+                out[row, column] = ("accepted", "accepted before launch; no test runs it")
     return out
 
 
-SYMBOLS = {"refused": "✗", "tested": "✓", "accepted": "○"}
+SYMBOLS = {"refused": "✗", "tested": "✓", "device": "◐", "accepted": "○"}
+
+
+def untrained_cpu_cells(table: dict[tuple[str, str], Cell]) -> list[tuple[str, str]]:
+    """Accepted cells that a CPU machine could train (the row runs on CPU, the column is not a
+    GPU's) and no test trains."""
+    cpu_rows = [row for row in ROWS if table[row, "CPU"][0] != "refused"]
+    return [(r, c) for r in cpu_rows for c in COLUMNS if c not in GPU_COLUMNS and table[r, c][0] == "accepted"]
 
 
 def _mark(cell: Cell) -> str:
@@ -206,9 +244,10 @@ def render() -> str:
         "<!-- generated by docs/_gen/matrix.py: do not edit; tests/core/test_docs_site.py checks it -->",
         "",
         "What `acc-train`'s own checks before launch say about a tiny job (the demo model) under each",
-        "strategy with each feature: **✓** accepted, and the named test trains it; **○** accepted, but no",
-        "test trains it (no GPU in CI, or not covered yet); **✗** refused before anything starts (exit 2),",
-        "with the message [below](#refusals). Hover a mark for its message or test.",
+        "strategy with each feature: **✓** accepted, and the named test trains it; **◐** accepted, and",
+        "only the [device check](#device-check) trains it, on a lent GPU; **○** accepted, but nothing",
+        "trains it (it needs a GPU, or several); **✗** refused before anything starts (exit 2), with the",
+        "message [below](#refusals). Hover a mark for its message or test.",
         "",
         "Feature columns describe a machine with CUDA GPUs (4 processes; 2 for `tp 2` and `cp 2`); the",
         "CPU column is the same job on a machine without one. `hsdp 2x2`, `tp 2`, `fsdp 2 x tp 2` and",
@@ -216,6 +255,11 @@ def render() -> str:
         "train on CPU processes over gloo, except the GPU column's, which are marked `gpu` and run only",
         "where a CUDA GPU is present. The GPU machine is described with `bitsandbytes` installed",
         "(`pip install acc-train-core[bnb]`; without it, `adamw_8bit` is refused everywhere).",
+        "Every accepted cell a CPU can train (rows that run on CPU; all but the GPU, fp16 and",
+        "adamw_8bit columns) is trained by a test: most by one of the combined launches of",
+        "`tests/matrix/test_cells.py`, each a row with several columns at once (a precision, an",
+        "optimizer, LoRA, gradient checkpointing, compile, streaming), which checks that each took",
+        "effect, that the loss falls and that a resume from its middle checkpoint is exact.",
         "The page is regenerated by `python -m hatch run docs:matrix`.",
         "",
         '<div class="matrix" markdown>',
@@ -229,6 +273,14 @@ def render() -> str:
     lines += [f"- **{r}** with **{c}**: {d}" for (r, c), (k, d) in table.items() if k == "refused"]
     lines += ["", "## Tests", ""]
     lines += [f"- **{r}** with **{c}**: `{d}`" for (r, c), (k, d) in table.items() if k == "tested"]
+    lines += ["", "## Device check", ""]
+    lines += [
+        "`python bench/device/check.py` on a lent GPU (see `bench/device/README.md`) trains these cells,",
+        "and runs the suite's `gpu`-marked tests (the GPU column's tests above); its results are in",
+        "BENCHMARKS.md.",
+        "",
+    ]
+    lines += [f"- **{r}** with **{c}**: {d}" for (r, c), (k, d) in table.items() if k == "device"]
     lines.append("")
     return "\n".join(lines)
 

@@ -68,24 +68,21 @@ def test_training_ends_with_the_summary_table_and_report_png(runs: dict, strateg
 BF16_STORED = {"ddp": ("float32", "float32"), "fsdp": ("float32", "float32"), "zero3": ("bfloat16", "float32")}
 
 
-def _launch(out: Path, model: Path, data: dict[str, Path], *extra: str) -> tuple[Path, str]:
-    args = tiny_job_args(model, data, out, "--num-processes", "2", "--max-steps", "2", "--set", "checkpoint.every=0", *extra)
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out, proc.stderr
+#: --strategy -> the support matrix's combination that trains the bf16-stored model under it in bf16
+#: mixed precision (tests/matrix/combinations.py: 6 steps, and its own features beside; its
+#: resume is tested in tests/matrix/test_cells.py), and "pure-ddp" the one in pure bf16
+BF16_RUNS = {"ddp": "ddp-bf16", "fsdp": "fsdp2-bf16-streaming", "zero3": "zero3-bf16-compile-streaming", "pure-ddp": "ddp-pure-bf16"}
 
 
 @pytest.fixture(scope="module")
-def bf16_runs(tmp_path_factory: pytest.TempPathFactory, tiny_bf16_model_dir: Path, tiny_data: dict[str, Path]) -> dict[str, tuple[Path, str]]:
-    """The bf16-stored model, 2 steps on 2 processes: one run per strategy in bf16 mixed precision
-    (``model.dtype: auto``), and one DDP run in pure bf16 (``model.dtype: bf16``)."""
+def bf16_runs(matrix_runs) -> dict[str, tuple[Path, str]]:
+    """The bf16-stored model on 2 processes: one run per strategy in bf16 mixed precision
+    (``model.dtype: auto``), and one DDP run in pure bf16 (``model.dtype: bf16``): (output
+    dir, what the command printed on stderr)."""
     runs = {}
-    for name in BF16_STORED:
-        out = tmp_path_factory.mktemp(f"bf16-{name}") / "run"
-        runs[name] = _launch(out, tiny_bf16_model_dir, tiny_data, "--strategy", name, "--mixed-precision", "bf16")
-    out = tmp_path_factory.mktemp("pure-bf16-ddp") / "run"
-    # tiny_job_args asks for --mixed-precision no: the compute follows the bf16 weights
-    runs["pure-ddp"] = _launch(out, tiny_bf16_model_dir, tiny_data, "--strategy", "ddp", "--set", "model.dtype=bf16")
+    for name, combination in BF16_RUNS.items():
+        out = matrix_runs(combination)
+        runs[name] = (out, (out.parent / "stderr.txt").read_text())
     return runs
 
 
@@ -110,7 +107,7 @@ def _assert_plan_agrees(summary: dict, row: dict) -> None:
 @pytest.mark.parametrize("strategy", sorted(BF16_STORED))
 def test_a_bf16_checkpoint_trains_with_fp32_masters_and_the_plan_agrees(bf16_runs: dict, bf16_plans: dict, strategy: str) -> None:
     summary = json.loads((bf16_runs[strategy][0] / "run.json").read_text())
-    assert summary["mixed_precision"] == "bf16" and summary["world_size"] == 2
+    assert summary["mixed_precision"] == "bf16" and summary["world_size"] == 2 and summary["strategy"].startswith(strategy)
     param_dtype, master_dtype = BF16_STORED[strategy]
     for rank in summary["per_rank"]:
         assert (rank["param_dtype"], rank["master_dtype"]) == (param_dtype, master_dtype), rank

@@ -108,10 +108,34 @@ def test_the_committed_support_matrix_is_what_the_checks_say() -> None:
 
 
 def test_every_test_the_matrix_names_exists() -> None:
+    from tests.matrix.combinations import COMBINATIONS
+
     for (row, column), test in matrix.TESTED.items():
         assert row in matrix.ROWS and column in matrix.COLUMNS, (row, column)
         path, name = test.split("::")
+        name, _, param = name.partition("[")
         assert re.search(rf"^\s*def {name}\(", (ROOT / path).read_text(), flags=re.M), f"{row} x {column}: {test} is gone"
+        if param:  # a combination of tests/matrix/combinations.py, which claims this cell
+            combination = COMBINATIONS[param.rstrip("]")]
+            assert (combination.row, column) == (row, column) and column in combination.columns, (row, column, test)
+
+
+def test_the_device_checks_rows_the_matrix_names_exist() -> None:
+    from tests.device.test_check import load_check
+
+    rows = {r.name for r in load_check().ROWS}
+    for cell, row in matrix.DEVICE.items():
+        assert row in rows, (cell, row)
+
+
+def test_every_accepted_cell_a_cpu_can_train_is_trained_by_a_test() -> None:
+    """Rows that run on a CPU, in every column but a GPU's: accepted means a test trains it."""
+    untrained = matrix.untrained_cpu_cells(matrix.cells())
+    assert not untrained, f"accepted on a CPU row, and no test trains them: {untrained}"
+    from tests.matrix.combinations import COMBINATIONS
+
+    for name, combination in COMBINATIONS.items():
+        assert combination.row in matrix.ROWS and set(combination.columns) <= set(matrix.COLUMNS), name
 
 
 # ---- the site builds -------------------------------------------------------------------------------

@@ -216,3 +216,14 @@ def test_a_plugin_wrap_policy_that_wraps_the_wrong_modules_is_refused() -> None:
     with pytest.raises(UserError, match=r"puts 2 of the model's 2 LlamaDecoderLayer layers into the root unit, 99.7%") as caught:
         check_units(_meta_llama(layers=2), NormsOnly(), {})
     assert "auto_wrap_policy: transformer" in caught.value.hint
+
+
+def test_compile_under_fsdp1_is_refused_before_launch() -> None:
+    """FSDP1 compiled trains but saves its root unit's parameters as flat pieces, which no
+    resume can load (tests/matrix found it): refused, pointing at FSDP2, which compiles."""
+    with pytest.raises(UserError) as err:
+        load_job(flags={"strategy.name": ("fsdp1", "--strategy")}, sets=["training.compile=true"])
+    message = str(err.value)
+    assert 'training.compile cannot run under strategy "fsdp": compiled under FSDP1' in message and "cannot be resumed" in message
+    assert "--strategy fsdp" in message
+    load_job(flags={"strategy.name": ("fsdp", "--strategy")}, sets=["training.compile=true"])  # FSDP2 compiles

@@ -55,7 +55,16 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         """Compiled as Accelerate does it (the model before ``fully_shard`` under FSDP2, the FSDP
         module under FSDP1); graph breaks at FSDP's hooks are expected, so not ``fullgraph``:
         under FSDP2 Accelerate's per-block compile then fails with "found no compiled frames"
-        (torch 2.13), and FSDP1 was not tried with it."""
+        (torch 2.13). FSDP1 compiled trains, but its checkpoints do not resume: the root unit's
+        parameters (the embeddings, the head) are saved as each rank's flat 1-D piece instead
+        of sharded tensors of their shape (measured with torch 2.13 under aot_eager, in fp32
+        and bf16), so loading fails "Size mismatch between saved torch.Size([2048]) and
+        current: torch.Size([64, 32])"."""
+        if self.options.version == 1:
+            return (
+                "compiled under FSDP1, its checkpoints cannot be resumed (torch 2.13 saves the root unit's parameters as "
+                "flat pieces instead of sharded tensors); compile under FSDP2 (--strategy fsdp) or drop training.compile"
+            )
         if settings.fullgraph:
             return "fullgraph: true does not run under FSDP (its hooks break the graph); set training.compile.fullgraph=false"
         if self.options.tp not in (None, 1):
