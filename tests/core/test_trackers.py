@@ -162,7 +162,9 @@ def _wandb_launch(path: Path) -> dict[str, Any]:
     return {
         "id": run.run_id, "project": run.project, "name": run.display_name, "tags": list(run.tags),
         "losses": {row["_step"]: row["loss"] for row in rows if "loss" in row},
-        "samples": {row["_step"]: row["samples"] for row in rows if "samples" in row},
+        # a W&B table is logged as its file's record (samples/path, samples/nrows, ...)
+        "samples": {row["_step"]: {k.removeprefix("samples/"): v for k, v in row.items() if k.startswith("samples/")} for row in rows if "samples/path" in row},
+        "files": path.parent / "files",
     }  # fmt: skip
 
 
@@ -220,8 +222,13 @@ def test_wandb_offline_logs_both_launches_under_one_run_id_with_the_names_given(
     logged = {step: row.loss for step, row in read_metrics(tracked_runs["resumed"]).items()}
     assert {**launches[0]["losses"], **launches[1]["losses"]} == pytest.approx(logged)
     assert [sorted(launch["samples"]) for launch in launches] == [[2, 4], [4]], "a table of samples at each evaluation"
-    for table in (*launches[0]["samples"].values(), *launches[1]["samples"].values()):
-        assert table["_type"] == "table-file" and table["nrows"] == 1 and table["ncols"] == 5, table
+    made = {r["step"]: (r["completion"], r["new_tokens"]) for r in read_samples(tracked_runs["resumed"])}
+    for launch in launches:
+        for step, table in launch["samples"].items():
+            assert table["_type"] == "table-file" and table["nrows"] == 1, table
+            written = json.loads((launch["files"] / table["path"]).read_text())
+            assert written["columns"] == ["step", "index", "prompt", "completion", "new_tokens"]
+            assert written["data"] == [[step, 0, "the quick brown", *made[step]]]
 
 
 @pytest.mark.launch

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from acc_train.config.base import MAX_SEED, Count, NonEmptyStr, PositiveFloat, Section
+from acc_train.config.base import MAX_SEED, NonEmptyStr, PositiveFloat, Section
 
 __all__ = ["ChatMessage", "EvalConfig", "Prompt", "MAX_SAMPLE_PROMPTS"]
 
@@ -55,7 +55,7 @@ class EvalConfig(Section):
             "(`{role, content}`) rendered with the tokenizer's chat template. Empty: no samples."
         ),
     )
-    max_new_tokens: Count = Field(32, le=65536, description="Tokens generated per prompt at most (fewer where the model ends its text).")
+    max_new_tokens: int = Field(32, ge=1, le=65536, description="Tokens generated per prompt at most (fewer where the model ends its text).")
     temperature: float = Field(
         0.0,
         ge=0,

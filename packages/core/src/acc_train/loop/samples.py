@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -115,6 +116,8 @@ class Samples:
         self.prompts = [p if isinstance(p, str) else [m.model_dump() for m in p] for p in cfg.eval.samples]
         self._fd: int | None = None
         if not self.prompts:
+            if run.is_main_process and resumed_step and (run.output_dir / SAMPLES_FILE).is_file():
+                os.close(start_samples_file(run.output_dir / SAMPLES_FILE, resumed_step))  # steps it redoes have none now
             return
         from acc_train.model import load_tokenizer
 
@@ -141,7 +144,5 @@ class Samples:
 
     def close(self) -> None:
         if self._fd is not None:
-            import os
-
             os.close(self._fd)
             self._fd = None
