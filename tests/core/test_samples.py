@@ -18,7 +18,7 @@ from acc_train.errors import UserError
 from acc_train.loop.samples import complete
 from acc_train.prompt_text import check_prompts, encode_prompt
 from acc_train.samples_file import SAMPLES_FILE, append_rows, read_samples, start_samples_file
-from tests.conftest import run_cli
+from tests.conftest import run_cli, tiny_job_args
 from tests.data.conftest import CHATML, train_tokenizer
 
 
@@ -184,7 +184,10 @@ def test_a_bad_prompt_is_refused_naming_it(value: str, fragments: list[str]) -> 
     assert all(f in str(refused.value) for f in fragments), str(refused.value)
 
 
-def test_chat_messages_for_the_demo_model_are_refused_before_launch(tmp_path: Path) -> None:
-    proc = run_cli("--set", "eval.samples=[[{role: user, content: hi}]]", "--max-steps", "1", "--output-dir", str(tmp_path / "run"))
-    assert proc.returncode == 2 and "eval.samples[0]" in proc.stderr and "no chat template" in proc.stderr, proc.stderr[-2000:]
-    assert not (tmp_path / "run").exists()
+def test_chat_messages_without_a_chat_template_are_refused_before_launch(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
+    """The tiny model's tokenizer has no chat template: exit 2 naming the prompt, no worker started."""
+    out = tmp_path / "run"
+    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, out, "--set", "eval.samples=[fine, [{role: user, content: hi}]]", "--max-steps", "1"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "eval.samples[1]" in proc.stderr and "has no chat template" in proc.stderr and "give that prompt as a string" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
