@@ -157,6 +157,13 @@ def tiny_job_args(model: Path, data: dict[str, Path], out: Path, *extra: str) ->
 REFERENCE_STEPS = ("--max-steps", "20", "--set", "checkpoint.every=10", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=10")
 
 
+#: generation samples (eval.samples) at each of the reference job's evaluations (steps 10 and 20),
+#: greedy: the reference runs that carry them compare completions across strategies and resumes,
+#: and keep the losses of the runs without them (generation draws no training random number)
+SAMPLE_PROMPTS = ("the quick brown", "a lazy dog")
+SAMPLE_ARGS = ("--set", f"eval.samples={json.dumps(list(SAMPLE_PROMPTS))}", "--set", "eval.max_new_tokens=8")
+
+
 def reference_args(model: Path, data: dict[str, Path], out: Path, *extra: str) -> list[str]:
     """The reference job: 20 steps on the small training file (so they cross epochs)."""
     small = {"train": data["train_small"], "eval": data["eval"]}
@@ -165,9 +172,10 @@ def reference_args(model: Path, data: dict[str, Path], out: Path, *extra: str) -
 
 @pytest.fixture(scope="session")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
-    """The reference DDP run on 2 CPU processes (tests using it belong to xdist group "reference-runs")."""
+    """The reference DDP run on 2 CPU processes, with generation samples (tests using it belong to
+    xdist group "reference-runs")."""
     out = tmp_path_factory.mktemp("ddp") / "run"
-    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "ddp", "--report-to", "tensorboard"))
+    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "ddp", "--report-to", "tensorboard", *SAMPLE_ARGS))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -256,6 +264,13 @@ def checkpointed_run(
     proc = run_cli(*reference_args(model, data, out, *strategy_args, *sets))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {"run": json.loads((out / "run.json").read_text()), "losses": read_metrics(out), "stderr": proc.stderr}
+
+
+def same_samples(run: Path) -> list[tuple]:
+    """``samples.jsonl``'s rows without their timing: (step, index, prompt, completion, new tokens)."""
+    from acc_train.samples_file import read_samples
+
+    return [(r["step"], r["index"], r["prompt"], r["completion"], r["new_tokens"]) for r in read_samples(run)]
 
 
 def assert_same_losses(got: dict, reference: dict, abs: float = 1e-6) -> None:

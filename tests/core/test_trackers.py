@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from acc_train.config import load_job
 from acc_train.errors import UserError
+from acc_train.samples_file import read_samples
 from acc_train.trackers import TRACKERS_FILE, TrackerConfig, TrackerPlan, default_run_name, plan_trackers, record_runs
 
 from tests.conftest import read_metrics, run_cli, stopped_copy, tiny_job_args
@@ -158,13 +159,19 @@ def _wandb_launch(path: Path) -> dict[str, Any]:
     records = _wandb_records(path)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item} for r in records if r.WhichOneof("record_type") == "history"]
-    return {"id": run.run_id, "project": run.project, "name": run.display_name, "tags": list(run.tags), "losses": {row["_step"]: row["loss"] for row in rows}}
+    return {
+        "id": run.run_id, "project": run.project, "name": run.display_name, "tags": list(run.tags),
+        "losses": {row["_step"]: row["loss"] for row in rows if "loss" in row},
+        # a W&B table is logged as its file's record (samples/path, samples/nrows, ...)
+        "samples": {row["_step"]: {k.removeprefix("samples/"): v for k, v in row.items() if k.startswith("samples/")} for row in rows if "samples/path" in row},
+        "files": path.parent / "files",
+    }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def tracked_runs(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> dict[str, Any]:
     """A 4-step run logging to W&B (offline), MLflow (file store) and TensorBoard, checkpointed
-    at step 2; then a copy of it as if killed after step 2's checkpoint, resumed (``--resume
+    at step 2, with generation samples at steps 2 and 4 (no eval data: samples alone); then a copy of it as if killed after step 2's checkpoint, resumed (``--resume
     latest``): it redoes steps 3 and 4."""
     base = tmp_path_factory.mktemp("trackers")
     env = {
@@ -176,6 +183,7 @@ def tracked_runs(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
         "--max-steps", "4", "--set", "checkpoint.every=2", "--set", "checkpoint.keep_last=null", "--set", "data.eval_files=[]",
         "--report-to", "wandb", "--report-to", "mlflow", "--report-to", "tensorboard",
         "--set", "training.tracker={project: trk-proj, run_name: trk-run, init_kwargs: {wandb: {tags: [t1]}, mlflow: {tags: {team: x}}}}",
+        "--set", "training.eval_every=2", "--set", "eval.samples=[the quick brown]", "--set", "eval.max_new_tokens=4",
     )  # fmt: skip
     first_out = base / "first"
     first = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, first_out, *args), env=env)
@@ -213,6 +221,14 @@ def test_wandb_offline_logs_both_launches_under_one_run_id_with_the_names_given(
     assert [list(launch["losses"]) for launch in launches] == [[1, 2, 3, 4], [3, 4]], "the resumed launch logs from the step after the checkpoint"
     logged = {step: row.loss for step, row in read_metrics(tracked_runs["resumed"]).items()}
     assert {**launches[0]["losses"], **launches[1]["losses"]} == pytest.approx(logged)
+    assert [sorted(launch["samples"]) for launch in launches] == [[2, 4], [4]], "a table of samples at each evaluation"
+    made = {r["step"]: (r["completion"], r["new_tokens"]) for r in read_samples(tracked_runs["resumed"])}
+    for launch in launches:
+        for step, table in launch["samples"].items():
+            assert table["_type"] == "table-file" and table["nrows"] == 1, table
+            written = json.loads((launch["files"] / table["path"]).read_text())
+            assert written["columns"] == ["step", "index", "prompt", "completion", "new_tokens"]
+            assert written["data"] == [[step, 0, "the quick brown", *made[step]]]
 
 
 @pytest.mark.launch
@@ -231,6 +247,10 @@ def test_mlflow_continues_the_run_in_its_experiment(tracked_runs: dict[str, Any]
     assert len(client.search_runs([run.info.experiment_id])) == 1, "no second run"
     # MLflow keeps every value logged: the two steps the resumed launch redoes appear twice
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4, 3, 4]
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id, "samples")) == ["samples/step-000002.md", "samples/step-000004.md"]
+    text = Path(client.download_artifacts(run.info.run_id, "samples/step-000004.md")).read_text()
+    (row,) = [r for r in read_samples(tracked_runs["resumed"]) if r["step"] == 4]
+    assert text.startswith("# samples at step 4") and f"| the quick brown | {row['completion']} |" in text
 
 
 @pytest.mark.launch
@@ -245,6 +265,11 @@ def test_tensorboard_hides_the_steps_the_resumed_launch_redid(tracked_runs: dict
     losses = {e.step: e.value for e in events.Scalars("loss")}
     assert sorted(losses) == [1, 2, 3, 4] and len(events.Scalars("loss")) == 4
     assert losses == pytest.approx({step: row.loss for step, row in read_metrics(tracked_runs["resumed"]).items()})
+    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in EventAccumulator(str(folder), size_guidance={"tensors": 0}).Reload().Tensors("samples/text_summary")}
+    rows = read_samples(tracked_runs["resumed"])
+    assert sorted(texts) == [2, 4] and all(f"| the quick brown | {r['completion']} |" in texts[r["step"]] for r in rows)
+    first = [(r["step"], r["completion"]) for r in read_samples(tracked_runs["first"])]
+    assert [(r["step"], r["completion"]) for r in rows] == first and len(first) == 2, "samples without eval data, the same after a resume"
 
 
 def test_a_tracker_that_cannot_start_is_a_user_error_naming_report_to(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_model_card, read_metrics, run_cli, shared_runs, stopped_copy, tiny_job_args
+from acc_train.samples_file import read_samples
+from tests.conftest import SAMPLE_ARGS, assert_model_card, read_metrics, run_cli, same_samples, shared_runs, stopped_copy, tiny_job_args
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("lora")]
 
@@ -29,7 +30,7 @@ STRATEGIES = {
 
 def _args(model: Path, data: dict[str, Path], out: Path, *extra: str, lora: tuple[str, ...] = LORA) -> list[str]:
     steps = ("--max-steps", str(STEPS), "--set", "checkpoint.every=4", "--set", "checkpoint.keep_last=null")
-    return tiny_job_args(model, data, out, "--num-processes", "2", *steps, *lora, *extra)
+    return tiny_job_args(model, data, out, "--num-processes", "2", *steps, *lora, *SAMPLE_ARGS, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -150,4 +151,14 @@ def test_generate_reads_a_lora_run_from_its_final_and_from_a_checkpoint(runs) ->
         assert "(8 tokens" in proc.stderr or "tokens" in proc.stderr.splitlines()[-1]
         completions.append(proc.stdout)
     assert completions[0].strip() and completions[0] == completions[1]  # greedy: the same tokens
+    # the run's own sample of that prompt after its last step came from the same adapters
+    (last,) = [r for r in read_samples(run) if r["step"] == STEPS and r["prompt"] == "the quick brown"]
+    assert completions[0].strip() == last["completion"].strip()
     assert "model: " + str(run / "final") in run_cli("generate", str(run), "--prompt", "x", "--max-new-tokens", "1").stderr
+
+
+@pytest.mark.parametrize("name", [n for n in STRATEGIES if n != "ddp"])
+def test_lora_samples_are_ddps(runs, name: str) -> None:
+    """Generated through the adapter model under every strategy (ZeRO-3 and FSDP from shards):
+    greedy, in fp32, the completions after the last step are DDP's."""
+    assert same_samples(runs(name)) == same_samples(runs("ddp")) and [r[0] for r in same_samples(runs("ddp"))] == [STEPS, STEPS]

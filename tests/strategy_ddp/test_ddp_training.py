@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_model_card, read_metrics, resume_from_step_10, run_cli, tiny_job_args
+from tests.conftest import SAMPLE_ARGS, SAMPLE_PROMPTS, WORDS, assert_model_card, read_metrics, resume_from_step_10, run_cli, same_samples, tiny_job_args
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("reference-runs")]
 
@@ -88,7 +88,7 @@ def test_final_model_loads_in_transformers(ddp_run: Path, tiny_model_dir: Path) 
 
 def test_stop_at_10_and_resume_gives_the_same_losses(ddp_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
     """The run as if it had been killed after step 10's checkpoint, resumed with --resume latest."""
-    resumed = resume_from_step_10(ddp_run, tmp_path, tiny_model_dir, tiny_data, "--strategy", "ddp")
+    resumed = resume_from_step_10(ddp_run, tmp_path, tiny_model_dir, tiny_data, "--strategy", "ddp", *SAMPLE_ARGS)
     full, again = read_metrics(ddp_run), read_metrics(resumed)
     assert full[10]["epoch"] >= 1 and full[20]["epoch"] > full[10]["epoch"], "the resume must cross epochs"
     assert sorted(again) == list(range(1, 21))  # steps 1-10 kept, 11-20 redone
@@ -97,6 +97,34 @@ def test_stop_at_10_and_resume_gives_the_same_losses(ddp_run: Path, tmp_path: Pa
         assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-9)
     summary = json.loads((resumed / "run.json").read_text())
     assert summary["start_step"] == 10 and summary["resumed_from"].endswith("step-000010")
+    # step 10's samples kept, step 20's written again (once): the uninterrupted run's
+    assert same_samples(resumed) == same_samples(ddp_run) and len(same_samples(ddp_run)) == 4
+
+
+def test_samples_at_each_evaluation_reach_the_file_tensorboard_card_and_report(ddp_run: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = same_samples(ddp_run)
+    assert [(step, index, prompt) for step, index, prompt, _, _ in rows] == [(s, i, p) for s in (10, 20) for i, p in enumerate(SAMPLE_PROMPTS)]
+    for _, _, _, completion, new_tokens in rows:
+        assert 1 <= new_tokens <= 8 and set(completion.split()) <= set(WORDS), completion  # the tiny tokenizer's words
+    assert len({completion for *_, completion, _ in rows}) > 1, "the prompts and steps give different completions"
+    summary = json.loads((ddp_run / "run.json").read_text())
+    last = [{"prompt": prompt, "completion": completion} for step, _, prompt, completion, _ in rows if step == 20]
+    assert summary["samples"] == {"file": "samples.jsonl", "step": 20, "last": last}
+    card = (ddp_run / "final" / "README.md").read_text()
+    assert "## Samples" in card and all(f"| {r['prompt']} | {r['completion']} |" in card for r in last)
+    folder = next((ddp_run / "logs").rglob("events.out.tfevents.*")).parent
+    events = EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    events.Reload()
+    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("samples/text_summary")}
+    assert sorted(texts) == [10, 20] and all(r["completion"] in texts[20] for r in last if r["completion"])
+    proc = run_cli("report", str(ddp_run), "--no-png", "--prompt", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shown = proc.stdout.split("samples at step 20 (samples.jsonl):\n", 1)[1]
+    latest, across = shown.split(f"prompt [1] across steps: {SAMPLE_PROMPTS[1]}\n")
+    assert latest.splitlines() == [line for i, r in enumerate(last) for line in (f"  [{i}] {r['prompt']}", f"      -> {r['completion']}")]
+    assert across.splitlines() == [f"  step {step}  {completion}" for step, index, _, completion, _ in rows if index == 1]
 
 
 @pytest.mark.xdist_group("one-process")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_model_card, read_metrics, reference_args, resume_from_step_10, run_cli
+from tests.conftest import SAMPLE_ARGS, assert_model_card, read_metrics, reference_args, resume_from_step_10, run_cli, same_samples
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("reference-runs")]
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("reference-runs")]
 @pytest.fixture(scope="module")
 def zero3_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
     out = tmp_path_factory.mktemp("zero3") / "run"
-    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "zero3"))
+    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "zero3", *SAMPLE_ARGS))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -34,6 +34,12 @@ def test_zero3_losses_match_ddp(zero3_run: Path, ddp_run: Path) -> None:
     assert ddp[20]["epoch"] > ddp[10]["epoch"] >= 1, "the comparison must cross epoch boundaries"
     for step in range(1, 21):
         assert zero[step]["loss"] == pytest.approx(ddp[step]["loss"], abs=1e-4), step
+
+
+def test_zero3_greedy_samples_are_ddps(zero3_run: Path, ddp_run: Path) -> None:
+    """Every rank generates in lockstep on its partitions of the weights (gathered layer by layer):
+    in fp32 the greedy completions at steps 10 and 20 are the ones DDP's full replicas make."""
+    assert len(same_samples(ddp_run)) == 4 and same_samples(zero3_run) == same_samples(ddp_run)
 
 
 def test_zero3_rank_holds_a_1_over_n_share_of_model_state(zero3_run: Path) -> None:
@@ -75,10 +81,11 @@ def test_stages_1_and_2_train_like_ddp(how: str, tmp_path: Path, tiny_model_dir:
 
 
 def test_zero3_stop_and_resume_gives_the_same_losses(zero3_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
-    resumed = resume_from_step_10(zero3_run, tmp_path, tiny_model_dir, tiny_data, "--strategy", "zero3")
+    resumed = resume_from_step_10(zero3_run, tmp_path, tiny_model_dir, tiny_data, "--strategy", "zero3", *SAMPLE_ARGS)
     full, again = read_metrics(zero3_run), read_metrics(resumed)
     for step in range(11, 21):
         assert again[step]["loss"] == pytest.approx(full[step]["loss"], abs=1e-6), step
+    assert same_samples(resumed) == same_samples(zero3_run), "step 10's samples kept, step 20's made again the same"
     manifest = json.loads((zero3_run / "checkpoints" / "step-000010" / "manifest.json").read_text())
     assert manifest["format"] == "deepspeed"
 

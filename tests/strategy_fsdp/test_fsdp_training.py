@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_model_card, read_metrics, reference_args, resume_from_step_10, run_cli
+from tests.conftest import SAMPLE_ARGS, assert_model_card, read_metrics, reference_args, resume_from_step_10, run_cli, same_samples
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("reference-runs")]
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("reference-runs")]
 @pytest.fixture(scope="module")
 def fsdp2_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
     out = tmp_path_factory.mktemp("fsdp2") / "run"
-    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "fsdp"))
+    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "fsdp", *SAMPLE_ARGS))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -43,7 +43,7 @@ def fsdp1_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, ti
         "rdzv_backend: static\nsame_network: true\ntpu_env: []\ntpu_use_cluster: false\ntpu_use_sudo: false\nuse_cpu: false\n"
     )
     out = tmp_path_factory.mktemp("fsdp1") / "run"
-    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--config", str(cfg)))
+    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--config", str(cfg), *SAMPLE_ARGS))
     assert proc.returncode == 0, proc.stderr[-4000:]
     (out.parent / "stderr.txt").write_text(proc.stderr)  # what the user saw, for the warning test
     return out
@@ -79,6 +79,13 @@ def test_losses_match_ddp_with_the_same_seed_and_data(which: str, request: pytes
     assert ddp[20]["epoch"] > ddp[10]["epoch"] >= 1, "the comparison must cross epoch boundaries"
     for step in range(1, 21):
         assert fsdp[step]["loss"] == pytest.approx(ddp[step]["loss"], abs=1e-4), step
+
+
+@pytest.mark.parametrize("which", ["fsdp2_run", "fsdp1_run"])
+def test_greedy_samples_are_ddps(which: str, request: pytest.FixtureRequest, ddp_run: Path) -> None:
+    """Every rank generates in lockstep from its shards (FSDP1's root unit gathered for it): in
+    fp32 the greedy completions at steps 10 and 20 are the ones DDP's full replicas make."""
+    assert len(same_samples(ddp_run)) == 4 and same_samples(request.getfixturevalue(which)) == same_samples(ddp_run)
 
 
 def test_fsdp2_stop_and_resume_gives_the_same_losses(fsdp2_run: Path, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:

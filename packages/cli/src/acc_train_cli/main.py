@@ -68,6 +68,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     from acc_train.data import check_data_files, data_kind
     from acc_train.machine import current_machine
     from acc_train.model import check_attn_implementation, check_model_builds, check_model_path
+    from acc_train.prompt_text import check_prompts
     from acc_train.trainer import check_output_dir
 
     cfg = job.config
@@ -77,7 +78,9 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_attn_implementation(cfg.model, current_machine().device_type)
     _check_strategy_fits(job)
     check_data_files(cfg.data)
-    data_kind(cfg.data).check_tokenizer(check_model_builds(cfg, job.strategy, packs=packs_rows(cfg.data)), cfg.data)
+    tokenizer = check_model_builds(cfg, job.strategy, packs=packs_rows(cfg.data))
+    data_kind(cfg.data).check_tokenizer(tokenizer, cfg.data)
+    check_prompts(cfg.eval.samples, tokenizer)
     world = (cfg.launch.num_processes or default_num_processes()) * cfg.launch.num_machines
     check_optimizer(job, Machine(current_machine().device_type, world, cfg.launch.num_machines))
     if cfg.launch.machine_rank == 0:  # the run's files belong to machine 0

@@ -16,13 +16,19 @@ __all__ = ["report"]
 @click.command()
 @click.argument("output_dir", metavar="OUTPUT_DIR")
 @click.option("--no-png", is_flag=True, help="Print the summary only; do not draw report.png.")
+@click.option("--prompt", "prompt", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Which of eval.samples' prompts to show across steps (numbered from 0).")  # fmt: skip
 @user_errors
-def report(output_dir: str, no_png: bool) -> None:
+def report(output_dir: str, no_png: bool, prompt: int) -> None:
     """Summarise a run (strategy, world size, steps, tokens/s, losses, checkpoints) and draw
-    OUTPUT_DIR/report.png: loss and eval loss, learning rate and tokens/s against step."""
-    from acc_train.report import draw_report, format_summary, read_run
+    OUTPUT_DIR/report.png: loss and eval loss, learning rate and tokens/s against step. A run
+    with generation samples (eval.samples) also shows the last evaluation's completions and one
+    prompt's completions at each evaluation."""
+    from acc_train.report import draw_report, format_samples, format_summary, read_run
 
     record = read_run(output_dir)
     click.echo(format_summary(record))
     if not no_png:
         click.echo(f"{'report'.ljust(len('training time'))}  {draw_report(record)}")
+    if record.samples:
+        click.echo("\n" + format_samples(record, prompt))

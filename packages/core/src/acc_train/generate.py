@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from acc_train.errors import UserError
+from acc_train.prompt_text import decode_tokens, encode_prompt
 
 __all__ = ["load_for_generation", "generate"]
 
@@ -79,24 +80,6 @@ def load_for_generation(path: str) -> tuple[Any, Any | None, str]:
     return model, tokenizer, source
 
 
-def _encode(tokenizer: Any | None, prompt: str, chat: bool) -> list[int]:
-    if tokenizer is None:
-        if chat:
-            raise UserError("the demo model has no tokenizer, so no chat template", where="--chat", hint="drop --chat")
-        return list(prompt.encode("utf-8"))
-    if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise UserError("the model's tokenizer has no chat template", where="--chat", hint="drop --chat, or train with a tokenizer that has one")
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False))
-    return list(tokenizer(prompt)["input_ids"])
-
-
-def _decode(tokenizer: Any | None, ids: list[int]) -> str:
-    if tokenizer is None:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-    return str(tokenizer.decode(ids, skip_special_tokens=True))
-
-
 def generate(
     model: Any,
     tokenizer: Any | None,
@@ -118,9 +101,7 @@ def generate(
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device).eval()
-    encoded = _encode(tokenizer, prompt, chat)
-    if not encoded:
-        raise UserError("the prompt is empty", where="--prompt", hint="give a prompt with some text")
+    encoded = encode_prompt(tokenizer, prompt, where="--chat" if chat else "--prompt", chat=chat)
     ids = torch.tensor([encoded], dtype=torch.long, device=device)
 
     class Stream(BaseStreamer):  # what generate makes, token by token (the prompt comes first: skipped)
@@ -139,7 +120,7 @@ def generate(
         def flush(self, final: bool) -> None:
             """Emit what is new; a character split across tokens (decoded as U+FFFD so far)
             waits for its next token, unless this is the end."""
-            text = _decode(tokenizer, self.made)
+            text = decode_tokens(tokenizer, self.made)
             if not final:
                 text = text.rstrip("\ufffd")
             if emit is not None and text.startswith(self.shown) and len(text) > len(self.shown):
@@ -157,4 +138,4 @@ def generate(
     with torch.no_grad():
         model.generate(ids, max_new_tokens=max_new_tokens, streamer=stream, pad_token_id=eos if eos is not None else 0, eos_token_id=eos, **sampling)
     seconds = time.perf_counter() - start
-    return {"completion": _decode(tokenizer, stream.made), "tokens": len(stream.made), "tokens_per_s": len(stream.made) / seconds if seconds > 0 else None}
+    return {"completion": decode_tokens(tokenizer, stream.made), "tokens": len(stream.made), "tokens_per_s": len(stream.made) / seconds if seconds > 0 else None}

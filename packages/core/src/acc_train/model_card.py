@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from acc_train.prompt_text import prompt_label
+
 __all__ = ["model_card", "checkpoint_summary", "base_model_id", "data_digest"]
 
 
@@ -87,13 +89,28 @@ def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: 
         "Trained with [acc-train](https://github.com/acc-train/acc-train), which ran the job's own training loop under the "
         "strategy below through Hugging Face Accelerate."
     )
-    return _render(data, Path(config.output_dir).name, intro, facts, config_yaml)
+    return _render(data, Path(config.output_dir).name, intro, facts, config_yaml, _samples_section(summary.get("samples")))
 
 
-def _render(data: Any, title: str, intro: str, facts: list[tuple[str, Any]], config_yaml: str) -> str:
-    """Metadata between ``---`` lines, the title, the facts as a table, the resolved job."""
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", "<br>")
+
+
+def _samples_section(samples: Any) -> list[str]:
+    """The completions of the run's last evaluation (``eval.samples``; run.json's ``samples``)."""
+    if not isinstance(samples, dict) or not samples.get("last"):
+        return []
+    rows = []
+    for row in samples["last"]:
+        rows.append(f"| {_cell(prompt_label(row.get('prompt')))} | {_cell(row.get('completion'))} |")
+    return ["## Samples", "", f"What the model wrote at step {samples.get('step')}, its last evaluation (`{samples.get('file')}` holds every one):", "",
+            "| prompt | completion |", "|---|---|", *rows, ""]  # fmt: skip
+
+
+def _render(data: Any, title: str, intro: str, facts: list[tuple[str, Any]], config_yaml: str, extra: list[str] | None = None) -> str:
+    """Metadata between ``---`` lines, the title, the facts as a table, any extra section, the resolved job."""
     body = [
-        f"# {title}", "", intro, "", "| | |", "|---|---|", *[f"| {name} | {value} |" for name, value in facts], "",
+        f"# {title}", "", intro, "", "| | |", "|---|---|", *[f"| {name} | {value} |" for name, value in facts], "", *(extra or []),
         "## Training config", "", "The resolved job (`config.yaml` of the run):", "", "```yaml", config_yaml.rstrip(), "```", "",
     ]  # fmt: skip
     return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)

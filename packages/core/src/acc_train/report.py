@@ -18,9 +18,14 @@ from typing import Any
 
 from acc_train.errors import UserError
 from acc_train.metrics import METRICS_FILE, MetricsRow, read_metrics
+from acc_train.prompt_text import prompt_label
+from acc_train.samples_file import SAMPLES_FILE, read_samples
 from acc_train.user_files import read_user_json, read_user_text
 
-__all__ = ["REPORT_PNG", "RunRecord", "read_run", "read_summary", "read_configured_strategy", "summary_rows", "format_summary", "draw_report", "write_report"]
+__all__ = [
+    "REPORT_PNG", "RunRecord", "read_run", "read_summary", "read_configured_strategy", "summary_rows", "format_summary", "format_samples",
+    "draw_report", "write_report",
+]  # fmt: skip
 
 REPORT_PNG = "report.png"
 
@@ -40,6 +45,8 @@ class RunRecord:
     configured_strategy: str | None = None
     #: (directory name, step, is the latest) of each complete checkpoint
     checkpoints: list[tuple[str, int | None, bool]] = field(default_factory=list)
+    #: the rows of ``samples.jsonl`` (``eval.samples``), in the order written
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 def read_run(output_dir: str | Path) -> RunRecord:
@@ -60,6 +67,7 @@ def read_run(output_dir: str | Path) -> RunRecord:
     if (out / "config.yaml").exists():
         record.configured_strategy = read_configured_strategy(out / "config.yaml")
     record.checkpoints = _checkpoints(out / "checkpoints")
+    record.samples = read_samples(out / SAMPLES_FILE)
     return record
 
 
@@ -198,6 +206,29 @@ def format_summary(record: RunRecord) -> str:
     rows = summary_rows(record)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _indented(text: str, indent: str) -> str:
+    return text.replace("\n", "\n" + indent)
+
+
+def format_samples(record: RunRecord, prompt: int = 0) -> str:
+    """The generation samples (``samples.jsonl``): every completion of the last evaluation, then
+    prompt number ``prompt``'s completions at each evaluation. Empty without samples."""
+    if not record.samples:
+        return ""
+    last = max(row["step"] for row in record.samples)
+    lines = [f"samples at step {last} ({SAMPLES_FILE}):"]
+    for row in (r for r in record.samples if r["step"] == last):
+        lines += [f"  [{row.get('index')}] {_indented(prompt_label(row.get('prompt')), '      ')}", f"      -> {_indented(row['completion'], '         ')}"]
+    chosen = [r for r in record.samples if r.get("index") == prompt]
+    if not chosen:
+        known = sorted({r.get("index") for r in record.samples if isinstance(r.get("index"), int)})
+        raise UserError(f"no samples of prompt {prompt} in {SAMPLES_FILE}", where="--prompt", hint=f"the run's prompts are numbered {known}")
+    lines.append(f"prompt [{prompt}] across steps: {_indented(prompt_label(chosen[0].get('prompt')), '  ')}")
+    width = len(str(max(r["step"] for r in chosen)))
+    lines += [f"  step {str(r['step']).rjust(width)}  {_indented(r['completion'], ' ' * (width + 9))}" for r in chosen]
+    return "\n".join(lines)
 
 
 def _smoothed(values: list[float], window: int) -> list[float]:

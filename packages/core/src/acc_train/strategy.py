@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import inspect
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -209,6 +210,19 @@ class Strategy(ABC, Generic[OptionsT]):
         """The whole model's state, gathered for ``save_pretrained`` on the main process (called
         on every rank; other ranks may get an empty dict)."""
         return accelerator.get_state_dict(model)
+
+    def generation_model(self, accelerator: Accelerator, model: Any) -> AbstractContextManager[Any]:
+        """The module to call ``generate`` on while the context lasts, for the samples a run
+        writes at its evaluations (``eval.samples``). Called on every rank with the prepared
+        model in eval mode, under ``torch.no_grad``; every rank then generates the same prompts
+        in lockstep (``synced_gpus``), so a module that gathers its parameters in its forward
+        may keep them sharded. The default, Accelerate's unwrapped model, suits a wrapper that
+        only adds gradient hooks (DDP) and modules that gather their own parameters in their
+        forward (FSDP2's ``fully_shard``, ZeRO-3's hooks); a strategy whose root wrapper
+        gathers some parameters only in its own forward (FSDP1) gathers those here."""
+        import contextlib
+
+        return contextlib.nullcontext(accelerator.unwrap_model(model, keep_torch_compile=False))
 
     def parameter_elements(self, accelerator: Accelerator, model: Any) -> tuple[int, int]:
         """(elements this rank holds, elements of the whole model) for ``run.json``. The default

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TRACKER_MODULES", "TrackerConfig", "TRACKERS_FILE", "DEFAULT_PROJECT", "OWNED_KEYS", "TrackerPlan", "default_run_name", "new_wandb_id",
-    "plan_trackers", "start_trackers", "started_runs", "record_runs", "store_config", "owned_key_error",
+    "plan_trackers", "start_trackers", "started_runs", "record_runs", "store_config", "owned_key_error", "log_samples", "TEXT_TRACKERS",
 ]  # fmt: skip
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
@@ -252,3 +252,35 @@ def store_config(accelerator: Accelerator, values: dict[str, Any], plan: Tracker
             tracker.store_init_configuration({k: v for k, v in values.items() if k not in held})
         else:
             tracker.store_init_configuration(values)
+
+
+#: the trackers :func:`log_samples` sends text to
+TEXT_TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
+def _cell(text: Any) -> str:
+    """A value as one cell of a Markdown table."""
+    return str(text).replace("|", "\\|").replace("\n", "<br>")
+
+
+def log_samples(accelerator: Accelerator, step: int, rows: list[dict[str, Any]]) -> None:
+    """Send one evaluation's generation samples (``samples.jsonl`` rows) to the trackers that
+    take text (main process): TensorBoard a Markdown table (its text tab, ``samples``), W&B a
+    table (``samples``), MLflow a text artifact (``samples/step-NNNNNN.md``). Others get none."""
+    from acc_train.prompt_text import prompt_label
+
+    table = [[row["step"], row["index"], prompt_label(row["prompt"]), row["completion"], row["new_tokens"]] for row in rows]
+    columns = ["step", "index", "prompt", "completion", "new_tokens"]
+    markdown = "\n".join(
+        ["| prompt | completion |", "|---|---|", *(f"| {_cell(prompt)} | {_cell(completion)} |" for _, _, prompt, completion, _ in table)]
+    )
+    for tracker in accelerator.trackers:
+        if tracker.name == "tensorboard":
+            tracker.writer.add_text("samples", markdown, global_step=step)
+            tracker.writer.flush()
+        elif tracker.name == "wandb":
+            tracker.log_table("samples", columns=columns, data=table, step=step)
+        elif tracker.name == "mlflow":
+            import mlflow
+
+            mlflow.MlflowClient().log_text(tracker.active_run.info.run_id, f"# samples at step {step}\n\n{markdown}\n", f"samples/step-{step:06d}.md")

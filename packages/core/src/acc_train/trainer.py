@@ -32,6 +32,7 @@ from acc_train.errors import UserError
 from acc_train.loop import LoopInputs, finish, run_loop, setup
 from acc_train.metrics import METRICS_FILE
 from acc_train.output_paths import check_creatable, fresh_directory, replace_file
+from acc_train.prompt_text import check_prompts
 from acc_train.plugins import call_lifecycle, checkpoint_formats
 from acc_train.run import RunContext, reporting
 
@@ -224,6 +225,7 @@ def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | 
     # restart counts that machines see differently): every rank takes the same path into the collectives
     job.config.resume, restarts, again = _agree_on_resume(job.config.resume, restart_count(), runs_again(config_file))
     data = setup.load_data(job, accelerator)
+    check_prompts(job.config.eval.samples, data.tokenizer)  # (the command checked them before the launch too)
     built = setup.build_model(job, data)
     # counted before prepare: FSDP1 flattens and shards the built model's parameters in place
     mfu_basis = _mfu_basis(job, accelerator, built.model)

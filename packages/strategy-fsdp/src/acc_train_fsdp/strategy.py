@@ -528,6 +528,12 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return gather_full(get_model_state_dict(model), keep=accelerator.is_main_process)
 
+    def generation_model(self, accelerator: Any, model: Any) -> Any:
+        """FSDP1's root unit gathers its own parameters for ``generate`` (:mod:`acc_train_fsdp.generation`)."""
+        from acc_train_fsdp.generation import generation_model
+
+        return generation_model(accelerator, model)
+
     def parameter_elements(self, accelerator: Any, model: Any) -> tuple[int, int]:
         """FSDP1 keeps each unit's parameters in one flat parameter, sharded with padding."""
         from torch.distributed.fsdp import FullyShardedDataParallel

@@ -16,6 +16,7 @@ from acc_train.mfu import mfu
 from acc_train.model_state import ModelStateMeter
 from acc_train.output_paths import fresh_directory, replace_directory, replace_file
 from acc_train.run import RunContext
+from acc_train.samples_file import SAMPLES_FILE, read_samples
 from acc_train.torch_compile import compile_summary
 
 __all__ = ["summarize", "write_run_json", "save_final", "peak_memory_bytes"]
@@ -126,6 +127,7 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         "final_loss": result.last_loss,
         "best_loss": result.best_loss,
         "final_eval_loss": result.eval_loss,
+        "samples": _samples_summary(run),
         "tokens": state.tokens,
         # real tokens (padding left out) of this run's steps over its loop's wall time
         "tokens_per_s": tokens_per_s,
@@ -153,6 +155,16 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         # setup: from the launch (the command's start) to the first training batch in hand
         "data": {**data, "setup_s": round(result.first_batch_at - started_at, 3) if result.first_batch_at else None},
     }
+
+
+def _samples_summary(run: RunContext) -> dict[str, Any] | None:
+    """``run.json``'s ``samples``: the file and the last evaluation's completions (main
+    process; None without ``eval.samples``)."""
+    if not run.config.eval.samples:
+        return None
+    rows = read_samples(run.output_dir) if run.is_main_process else []
+    step = max((row["step"] for row in rows), default=None)
+    return {"file": SAMPLES_FILE, "step": step, "last": [{"prompt": r["prompt"], "completion": r["completion"]} for r in rows if r["step"] == step]}
 
 
 def write_run_json(run: RunContext, summary: dict[str, Any]) -> None:

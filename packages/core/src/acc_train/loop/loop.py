@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point
 from acc_train.loop.ledger import StepClock, StepLedger, StepReading, StepValues
 from acc_train.loop.loss import eval_loss, packed_mask_kind, sequence_shards, step_windows, token_loss
+from acc_train.loop.samples import Samples
 from acc_train.mfu import mfu
 from acc_train.plugins import call_lifecycle
 from acc_train.run import RunContext
@@ -118,7 +119,8 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     ledger = StepLedger(accelerator)
     agreement = StopAgreement(inputs.stop) if inputs.stop is not None else None
     every = cfg.checkpoint.every
-    evaluates = inputs.eval_dl is not None
+    samples = Samples(run, state.step)  # eval.samples: generated at each evaluation, eval data or not
+    evaluates = inputs.eval_dl is not None or samples.active
 
     def evaluating(step: int) -> bool:
         return evaluates and (bool(t_cfg.eval_every and step % t_cfg.eval_every == 0) or step >= run.max_steps)
@@ -210,9 +212,11 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                 call_lifecycle("acc_train_step_end", run=run, step=state.step, metrics=step_metrics)
                 if reads_at(state.step) or stop_signal is not None:
                     log_rows(ledger.read())
-                if evaluating(state.step):
+                if evaluating(state.step) and inputs.eval_dl is not None:
                     result.eval_loss = evaluate(accelerator, model, inputs.eval_dl, mask)
                     call_lifecycle("acc_train_eval_end", run=run, step=state.step, metrics={"step": state.step, "eval_loss": result.eval_loss})
+                if evaluating(state.step):
+                    samples.at_evaluation(state.step)
                 if saving(state.step) or stop_signal is not None:
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
                     if inputs.stream is not None:  # every rank's position after the rows this step used
@@ -236,6 +240,8 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
             with contextlib.suppress(Exception):
                 log_rows(ledger.read_local())
         raise
+    finally:
+        samples.close()
     if agreement is not None:
         agreement.close()
     # an asynchronous last save is committed before the run is summed up

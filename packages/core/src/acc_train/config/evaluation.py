@@ -1,0 +1,83 @@
+"""The ``eval`` section of the job config: what a run does at each evaluation besides its
+``eval_loss`` (generation samples), the settings of that work. When and how much it evaluates
+(``training.eval_every``, ``training.eval_batches``) stay in the ``training`` section."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Union
+
+from pydantic import Discriminator, Field, Tag, field_validator
+
+from acc_train.config.base import MAX_SEED, NonEmptyStr, PositiveFloat, Section
+
+__all__ = ["ChatMessage", "EvalConfig", "Prompt", "MAX_SAMPLE_PROMPTS"]
+
+#: prompts per evaluation: each is generated at every evaluation, in the training time
+MAX_SAMPLE_PROMPTS = 1000
+
+
+class ChatMessage(Section):
+    """One message of a chat prompt, as the tokenizer's chat template takes it."""
+
+    role: NonEmptyStr = Field(description="`system`, `user`, `assistant` or any role the chat template knows.")
+    content: str = Field(description="The message's text.")
+
+
+def _prompt_form(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "text"
+    return "messages" if isinstance(value, list) else None
+
+
+#: a prompt: text, tokenized as training tokenizes text, or chat messages rendered with the
+#: tokenizer's chat template (with the generation prompt after them). Told apart by their type,
+#: so a problem is reported for the form given (``eval.samples.1.messages.0.content``), not
+#: once for each form
+Prompt = Annotated[
+    Union[Annotated[NonEmptyStr, Tag("text")], Annotated[list[ChatMessage], Tag("messages")]],
+    Discriminator(
+        _prompt_form,
+        custom_error_type="prompt_form",
+        custom_error_message="a prompt is a string, or a list of chat messages ({role: ..., content: ...})",
+    ),
+]
+
+
+class EvalConfig(Section):
+    """``eval``: generation at every evaluation (``training.eval_every`` steps and after the
+    last), written to ``samples.jsonl`` and the trackers that take text."""
+
+    samples: list[Prompt] = Field(
+        default_factory=list,
+        max_length=MAX_SAMPLE_PROMPTS,
+        description=(
+            "Prompts the model completes at every evaluation: each a string, or a list of chat messages "
+            "(`{role, content}`) rendered with the tokenizer's chat template. Empty: no samples."
+        ),
+    )
+    max_new_tokens: int = Field(32, ge=1, le=65536, description="Tokens generated per prompt at most (fewer where the model ends its text).")
+    temperature: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        allow_inf_nan=False,
+        description="0: greedy decoding (the same completion for the same weights); above 0: sampling at this temperature.",
+    )
+    top_p: PositiveFloat = Field(1.0, le=1, description="Nucleus sampling's probability mass, when `temperature` is above 0.")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_SEED,
+        description=(
+            "Seeds sampling, with the step and the prompt's position, on a random stream of its own: training's "
+            "random numbers (dropout, data order) are never drawn from. Null: `training.seed`."
+        ),
+    )
+
+    @field_validator("samples")
+    @classmethod
+    def _chat_has_messages(cls, value: list[Prompt]) -> list[Prompt]:
+        for i, prompt in enumerate(value):
+            if isinstance(prompt, list) and not prompt:
+                raise ValueError(f"prompt {i} is an empty list of chat messages: give it a {{role: user, content: ...}} message, or a string")
+        return value
