@@ -26,6 +26,7 @@ from acc_train.config.base import (
     SCHEDULERS,
     Section,
 )
+from acc_train.config.evaluation import EvalConfig
 from acc_train.config.launch import CheckpointConfig, LaunchConfig
 from acc_train.config.model_data import DataConfig, LoraConfig, ModelConfig
 from acc_train.config.training import OptimizerConfig, SchedulerConfig, TrainingConfig
@@ -33,7 +34,7 @@ from acc_train.strategy import DEFAULT_STRATEGY
 from acc_train.trackers import TRACKER_MODULES, TrackerConfig
 
 __all__ = [
-    "JobConfig", "ModelConfig", "DataConfig", "OptimizerConfig", "SchedulerConfig", "TrainingConfig", "TrackerConfig",
+    "JobConfig", "EvalConfig", "ModelConfig", "DataConfig", "OptimizerConfig", "SchedulerConfig", "TrainingConfig", "TrackerConfig",
     "CheckpointConfig", "LaunchConfig", "LoraConfig", "DEFAULT_MAX_STEPS", "TRACKER_MODULES", "SCHEDULERS", "MAX_INT64",
     "MAX_SEED", "MAX_PROCESSES_PER_MACHINE", "MAX_SEQ_LEN", "MODEL_DTYPES", "FINE_TUNE_DEFAULTS", "DEMO_EVAL_FRACTION",
 ]  # fmt: skip
@@ -62,6 +63,10 @@ class JobConfig(Section):
     training: TrainingConfig = Field(
         default_factory=TrainingConfig,
         description="Steps, batches, precision, evaluation, logging, trackers and compilation.",
+    )
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig,
+        description="What each evaluation runs besides `eval_loss`: lm-evaluation-harness tasks.",
     )
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point
+from acc_train.harness import harness_due, run_harness
 from acc_train.loop.ledger import StepClock, StepLedger, StepReading, StepValues
 from acc_train.loop.loss import eval_loss, packed_mask_kind, sequence_shards, step_windows, token_loss
 from acc_train.mfu import mfu
@@ -72,6 +73,9 @@ class LoopResult:
     last_loss: float | None = None
     best_loss: float | None = None
     eval_loss: float | None = None
+    #: the last scores of ``eval.harness_tasks`` (``{task: {metric: value}}``) and their step
+    harness: dict[str, dict[str, float]] | None = None
+    harness_step: int | None = None
     #: committed checkpoints, in order
     saved: list[str] = field(default_factory=list)
     #: the signal the ranks agreed to stop on (a checkpoint of the last step was written), or None
@@ -213,6 +217,8 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                 if evaluating(state.step):
                     result.eval_loss = evaluate(accelerator, model, inputs.eval_dl, mask)
                     call_lifecycle("acc_train_eval_end", run=run, step=state.step, metrics={"step": state.step, "eval_loss": result.eval_loss})
+                if harness_due(cfg, state.step, run.max_steps):  # eval.harness_tasks (lm-evaluation-harness)
+                    result.harness, result.harness_step = run_harness(run, state.step), state.step
                 if saving(state.step) or stop_signal is not None:
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
                     if inputs.stream is not None:  # every rank's position after the rows this step used
@@ -220,7 +226,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
 
                         state.stream = gather_object([inputs.stream.state_dict()])
                     manager.save(model, optimizer, scheduler, state)
-                if evaluating(state.step) or saving(state.step) or stop_signal is not None:
+                if evaluating(state.step) or harness_due(cfg, state.step, run.max_steps) or saving(state.step) or stop_signal is not None:
                     clock.restart()  # evaluation and saving stay out of the step time
                 if stop_signal is not None and not last:
                     result.stopped_by = stop_signal
