@@ -73,6 +73,24 @@ def _user_error(result, *fragments: str) -> None:
         assert fragment in result.output, (fragment, result.output)
 
 
+def test_the_guides_local_task_scores_offline(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guide's task YAML and JSON-lines file, as written there, and its commands' forms."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "look-at-what-you-trained.md").read_text()
+    files = dict(re.findall(r'^```(?:yaml|jsonl) title="([^"]+)"\n(.*?)^```', page, flags=re.M | re.S))
+    assert set(files) == {"data/capitals.jsonl", "tasks/capitals.yaml"}
+    monkeypatch.chdir(tmp_path)
+    for name, body in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(body)
+    by_path = acc_train("eval", str(tiny_model_dir), "--tasks", "tasks/capitals.yaml")
+    assert by_path.exit_code == 0, by_path.output
+    acc = scores_of(by_path.stdout)["capitals"]["acc"]
+    assert any(acc == pytest.approx(right / 3, abs=1e-4) for right in range(4))  # 3 questions
+    by_name = acc_train("eval", str(tiny_model_dir), "--tasks", "capitals", "--include-path", "tasks")
+    assert by_name.exit_code == 0, by_name.output
+    assert by_name.stdout == by_path.stdout
+
+
 def test_eval_refuses_bad_input_with_exit_2(tiny_model_dir: Path, harness_task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = str(tiny_model_dir)
     _user_error(acc_train("eval", model, "--tasks", str(tmp_path / "missing.yaml")), "--tasks", "does not exist")

@@ -151,3 +151,21 @@ def test_generate_reads_a_lora_run_from_its_final_and_from_a_checkpoint(runs) ->
         completions.append(proc.stdout)
     assert completions[0].strip() and completions[0] == completions[1]  # greedy: the same tokens
     assert "model: " + str(run / "final") in run_cli("generate", str(run), "--prompt", "x", "--max-new-tokens", "1").stderr
+
+
+def test_eval_scores_a_lora_run_from_its_final_and_from_a_checkpoint(runs, harness_task: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``acc-train eval`` on a LoRA run: final/ (the adapters on their base) and the last
+    checkpoint (the adapters merged into the base) score a local harness task alike."""
+    from click.testing import CliRunner
+
+    from acc_train_cli.main import cli
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = runs("ddp")
+    outputs = []
+    for source in (run, run / "checkpoints" / f"step-{STEPS:06d}"):
+        result = CliRunner().invoke(cli, ["eval", str(source), "--tasks", str(harness_task)])
+        assert result.exit_code == 0, result.output[-3000:]
+        outputs.append(result.stdout)
+    assert outputs[0].startswith("tiny_words acc ") and outputs[0] == outputs[1]
