@@ -159,6 +159,7 @@ def test_a_run_records_its_harness_scores(tiny_model_dir: Path, tiny_data: dict[
     assert all(set(r.harness) == {"tiny_words"} and 0 <= r.harness["tiny_words"]["acc"] <= 1 for r in harness)
     assert [r.step for r in rows.evals if r.eval_loss is not None] == [2, 4]
     assert [r.step for r in rows.training] == [1, 2, 3, 4]
+    assert harness[-1].numbers()["harness/tiny_words/acc"] == harness[-1].harness["tiny_words"]["acc"]  # what trackers get
     summary = json.loads((run / "run.json").read_text())
     assert summary["harness"] == harness[-1].harness and summary["harness_step"] == 4
     assert summary["final_eval_loss"] == pytest.approx(rows.evals[-2].eval_loss if rows.evals[-1].eval_loss is None else rows.evals[-1].eval_loss)

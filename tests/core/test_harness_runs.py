@@ -23,7 +23,7 @@ STRATEGIES = {"zero3": ("--strategy", "zero3"), "fsdp": ("--strategy", "fsdp")}
 def runs(no_dropout_model: Path, tiny_data: dict[str, Path], harness_task: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: None):
     def args(name: str, out: Path) -> list[str]:
         job = ("--num-processes", "2", "--max-steps", "4", "--set", "training.eval_every=2", "--set", "checkpoint.every=2", "--set", "checkpoint.keep_last=null")
-        return tiny_job_args(no_dropout_model, tiny_data, out, *STRATEGIES[name], *job, "--set", f"eval.harness_tasks=[{harness_task}]")
+        return tiny_job_args(no_dropout_model, tiny_data, out, *STRATEGIES[name], *job, "--set", f"eval.harness_tasks=[{harness_task}]", "--set", "eval.harness_limit=12")
 
     return shared_runs(tmp_path_factory, args)
 
@@ -48,7 +48,7 @@ def _eval(source: Path, task: Path) -> dict:
     from acc_train_cli.main import cli
 
     out = source.parent / f"{source.name}-scores.json"
-    result = CliRunner().invoke(cli, ["eval", str(source), "--tasks", str(task), "--output", str(out)])
+    result = CliRunner().invoke(cli, ["eval", str(source), "--tasks", str(task), "--limit", "12", "--output", str(out)])
     assert result.exit_code == 0, result.output[-3000:]
     assert result.stdout.splitlines()[0].startswith("tiny_words acc ")
     return json.loads(out.read_text())["scores"]
