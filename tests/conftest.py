@@ -306,3 +306,39 @@ def assert_model_card(run: Path, strategy: str, adapter: bool = False) -> dict:
     assert f"world size {summary['world_size']}" in card.text and f"{summary['final_loss']:.4f} (training)" in card.text
     assert "```yaml\n" in card.text and "\nstrategy:\n" in card.text and "\ntraining:\n" in card.text  # the resolved job
     return meta
+
+
+#: a multiple-choice lm-evaluation-harness task over a local JSON-lines file (``{data}``: its path)
+HARNESS_TASK_YAML = """\
+task: tiny_words
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.fixture(scope="session")
+def harness_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The path of ``tasks/tiny_words.yaml``: 24 questions of word salad over the tiny
+    tokenizer's vocabulary (which 2-word continuation of 5 words), read offline."""
+    import random
+
+    root = tmp_path_factory.mktemp("harness")
+    rng = random.Random(0)
+    data = root / "words.jsonl"
+    with data.open("w") as fh:
+        for _ in range(24):
+            choices = [" ".join(rng.choice(WORDS) for _ in range(2)) for _ in range(3)]
+            fh.write(json.dumps({"context": " ".join(rng.choice(WORDS) for _ in range(5)), "choices": choices, "answer": rng.randrange(3)}) + "\n")
+    (root / "tasks").mkdir()
+    task = root / "tasks" / "tiny_words.yaml"
+    task.write_text(HARNESS_TASK_YAML.format(data=data))
+    return task

@@ -19,14 +19,14 @@ def assert_user_error(proc: subprocess.CompletedProcess[str], *fragments: str) -
         assert fragment in proc.stderr, (fragment, proc.stderr)
 
 
-@pytest.mark.parametrize("args", [["--help"], ["plan", "--help"], ["strategies"], ["plugins"], ["--print-config"]])
+@pytest.mark.parametrize("args", [["--help"], ["plan", "--help"], ["eval", "--help"], ["strategies"], ["plugins"], ["--print-config"]])
 def test_listing_and_help_import_neither_torch_nor_accelerate(args: list[str]) -> None:
     code = (
         "import sys\n"
         "from acc_train_cli.main import cli\n"
         f"try:\n    cli.main({args!r}, prog_name='acc-train', standalone_mode=False)\n"
         "except SystemExit:\n    pass\n"
-        "heavy = sorted(m for m in ('torch', 'accelerate', 'transformers', 'deepspeed') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('torch', 'accelerate', 'transformers', 'deepspeed', 'lm_eval') if m in sys.modules)\n"
         "print('HEAVY', heavy)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

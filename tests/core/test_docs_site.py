@@ -307,7 +307,7 @@ def test_the_accelerate_config_and_its_acc_train_twin_resolve_to_one_job(tmp_pat
 
 
 #: YAML blocks that are not job configs, and the test that checks each
-NOT_JOBS = {"kind: PyTorchJob": "tests/cli/test_cluster.py"}
+NOT_JOBS = {"kind: PyTorchJob": "tests/cli/test_cluster.py", "output_type: multiple_choice": "tests/core/test_harness.py"}
 
 
 @pytest.mark.parametrize("page", [p for p in EXAMPLE_PAGES if blocks(p, "yaml")], ids=lambda p: p.relative_to(ROOT).as_posix())

@@ -162,3 +162,21 @@ def test_lora_samples_are_ddps(runs, name: str) -> None:
     """Generated through the adapter model under every strategy (ZeRO-3 and FSDP from shards):
     greedy, in fp32, the completions after the last step are DDP's."""
     assert same_samples(runs(name)) == same_samples(runs("ddp")) and [r[0] for r in same_samples(runs("ddp"))] == [STEPS, STEPS]
+
+
+def test_eval_scores_a_lora_run_from_its_final_and_from_a_checkpoint(runs, harness_task: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``acc-train eval`` on a LoRA run: final/ (the adapters on their base) and the last
+    checkpoint (the adapters merged into the base) score a local harness task alike."""
+    from click.testing import CliRunner
+
+    from acc_train_cli.main import cli
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = runs("ddp")
+    outputs = []
+    for source in (run, run / "checkpoints" / f"step-{STEPS:06d}"):
+        result = CliRunner().invoke(cli, ["eval", str(source), "--tasks", str(harness_task)])
+        assert result.exit_code == 0, result.output[-3000:]
+        outputs.append(result.stdout)
+    assert outputs[0].startswith("tiny_words acc ") and outputs[0] == outputs[1]

@@ -21,6 +21,7 @@ from acc_train_cli.checkpoint_cmd import checkpoint
 from acc_train_cli.config_cmd import config_group
 from acc_train_cli.data_cmd import data_group
 from acc_train_cli.errors import report_plugin_failures, user_errors
+from acc_train_cli.eval_cmd import eval_command
 from acc_train_cli.generate_cmd import generate
 from acc_train_cli.info import env, plugins, strategies
 from acc_train_cli.job import LOOP_ONLY, flag_name, given, job_options, merge_parent_params, resolve_job
@@ -78,6 +79,10 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_attn_implementation(cfg.model, current_machine().device_type)
     _check_strategy_fits(job)
     check_data_files(cfg.data)
+    if cfg.eval.harness_tasks:  # lm-eval installed, every task known and loadable: exit 2 now, not at the first evaluation
+        from acc_train.harness import check_job_harness
+
+        check_job_harness(cfg)
     tokenizer = check_model_builds(cfg, job.strategy, packs=packs_rows(cfg.data))
     data_kind(cfg.data).check_tokenizer(tokenizer, cfg.data)
     check_prompts(cfg.eval.samples, tokenizer)
@@ -442,6 +447,7 @@ cli.add_command(plan)
 cli.add_command(data_group)
 cli.add_command(report)
 cli.add_command(generate)
+cli.add_command(eval_command)
 
 
 def main() -> None:

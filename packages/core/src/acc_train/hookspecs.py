@@ -183,12 +183,13 @@ def acc_train_log(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
 
 @hookspec
 def acc_train_eval_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
-    """Called on every rank after a periodic evaluation; ``metrics`` holds ``eval_loss``.
-    The return value is ignored.
+    """Called on every rank after a periodic evaluation; ``metrics`` holds ``eval_loss``, or,
+    after ``eval.harness_tasks`` ran, ``harness`` (``{task: {metric: value}}``, lm-evaluation-harness's
+    scores). The return value is ignored.
 
     :param run: the run's context.
     :param step: the optimizer step after which evaluation ran.
-    :param metrics: ``{"step": ..., "eval_loss": ...}``.
+    :param metrics: ``{"step": ..., "eval_loss": ...}`` or ``{"step": ..., "harness": ...}``.
     """
 
 

@@ -1,7 +1,8 @@
 """One row of ``metrics.jsonl`` as a typed record, and the one reader of that file.
 
 A run appends one JSON object per line: a *training row* for each logged optimizer step (it has
-``loss``) and an *evaluation row* for each evaluation (it has ``eval_loss``). Which is which is
+``loss``) and an *evaluation row* for each evaluation (it has ``eval_loss``, or ``harness``: the
+scores of ``eval.harness_tasks``, ``{task: {metric: value}}``). Which is which is
 decided here and nowhere else: the reporter that writes the file, ``acc-train report``, the
 plugin kit and the tests all go through :class:`MetricsRow` and :func:`read_metrics`.
 """
@@ -45,8 +46,10 @@ class MetricsRow(Mapping[str, Any]):
     mfu: float | None = None
     #: training time since step 0, resumed runs included
     elapsed_s: float | None = None
-    #: present exactly on evaluation rows
+    #: present exactly on evaluation rows of the loss
     eval_loss: float | None = None
+    #: present exactly on evaluation rows of ``eval.harness_tasks``: ``{task: {metric: value}}``
+    harness: dict[str, dict[str, float]] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -56,7 +59,15 @@ class MetricsRow(Mapping[str, Any]):
 
     @property
     def is_eval(self) -> bool:
-        return self.eval_loss is not None
+        return self.eval_loss is not None or self.harness is not None
+
+    def numbers(self) -> dict[str, float]:
+        """The row's numbers as trackers take them: ``harness`` flattened to
+        ``harness/TASK/METRIC``; ``step`` left out."""
+        out: dict[str, float] = {k: v for k, v in self.to_dict().items() if isinstance(v, (int, float)) and k != "step"}
+        for task, metrics in (self.harness or {}).items():
+            out.update({f"harness/{task}/{metric}": value for metric, value in metrics.items()})
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MetricsRow:
@@ -112,6 +123,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "epoch": (int,),
     "tokens": (int,),
     **{name: (int, float) for name in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s", "eval_loss")},
+    "harness": (dict,),
 }
 
 
@@ -125,7 +137,7 @@ def row_problem(data: Any) -> str | None:
         if value is None and name != "step":
             continue
         if isinstance(value, bool) or not isinstance(value, kinds):
-            want = "an integer" if kinds == (int,) else "a number"
+            want = "an integer" if kinds == (int,) else "an object" if kinds == (dict,) else "a number"
             return f"`{name}` must be {want}, not {json.dumps(value)[:40] if name in data else 'missing'}"
     return None
 

@@ -85,6 +85,10 @@ def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: 
         ("data", f"{', '.join(files)}; kind {data_section.get('kind')}, {data_section.get('documents')} examples, {data_section.get('rows')} rows of {config.data.seq_len} tokens"
                  + (f"; digest {digest}" if digest else "")),
     ]  # fmt: skip
+    harness = summary.get("harness")
+    if isinstance(harness, dict) and harness:  # eval.harness_tasks: the last scores
+        scores = "; ".join(f"{task} {metric} {value:.4f}" for task, metrics in harness.items() if isinstance(metrics, dict) for metric, value in metrics.items() if not metric.endswith("_stderr"))
+        facts.append(("benchmarks", f"lm-evaluation-harness after step {summary.get('harness_step')}: {scores}"))
     intro = (
         "Trained with [acc-train](https://github.com/acc-train/acc-train), which ran the job's own training loop under the "
         "strategy below through Hugging Face Accelerate."

@@ -37,8 +37,18 @@ class RunRecord:
     output_dir: Path
     #: logged training steps (``loss``, ``lr``, ``tokens_per_s``...), in step order
     steps: list[MetricsRow] = field(default_factory=list)
-    #: evaluations (``step``, ``eval_loss``)
+    #: evaluations (``step`` and ``eval_loss``, or ``harness``: the scores of ``eval.harness_tasks``)
     evals: list[MetricsRow] = field(default_factory=list)
+
+    @property
+    def loss_evals(self) -> list[MetricsRow]:
+        """The evaluations of the loss."""
+        return [r for r in self.evals if r.eval_loss is not None]
+
+    @property
+    def harness_evals(self) -> list[MetricsRow]:
+        """The evaluations of ``eval.harness_tasks``."""
+        return [r for r in self.evals if r.harness is not None]
     #: ``run.json``, or None for a run that did not finish
     summary: dict[str, Any] | None = None
     #: the strategy name from ``config.yaml`` (for a run without run.json)
@@ -180,7 +190,7 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     tokens_per_s = s.get("tokens_per_s", last.tokens_per_s if last else None)
     mfu = s.get("mfu", last.mfu if last else None)
     final_loss = s.get("final_loss", last.loss if last else None)
-    eval_row = record.evals[-1] if record.evals else None
+    eval_row = record.loss_evals[-1] if record.loss_evals else None
     rows = [
         ("run", str(record.output_dir) + ("" if record.summary else "  (no run.json: unfinished; figures from metrics.jsonl)")),
         ("strategy", strategy),
@@ -192,6 +202,7 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
         ("best loss", f"{_fmt_loss(best.loss)} (step {best.step})" if best else "-"),
         ("eval loss", f"{_fmt_loss(eval_row.eval_loss)} (step {eval_row.step})" if eval_row else "-"),
     ]
+    rows += _harness_rows(record)
     if s.get("elapsed_s") is not None:
         rows.append(("training time", f"{s['elapsed_s']:.1f} s"))
     if record.checkpoints:
@@ -200,6 +211,29 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     else:
         rows.append(("checkpoints", "none"))
     return rows
+
+
+def _harness_rows(record: RunRecord) -> list[tuple[str, str]]:
+    """One row per task of the last ``eval.harness_tasks`` scores (``metrics.jsonl``'s last
+    harness row, else ``run.json``'s): ``harness TASK  METRIC VALUE, ... (step N)``; how the
+    first metric moved over the run, when it ran more than once."""
+    rows = record.harness_evals
+    last = rows[-1].harness if rows else (record.summary or {}).get("harness")
+    step = rows[-1].step if rows else (record.summary or {}).get("harness_step")
+    if not isinstance(last, dict):
+        return []
+    out = []
+    for task, metrics in last.items():
+        if not isinstance(metrics, dict):
+            continue
+        shown = ", ".join(f"{m} {v:.4f}" for m, v in metrics.items() if isinstance(v, (int, float)) and not m.endswith("_stderr"))
+        first = next((m for m in metrics if not m.endswith("_stderr")), None)
+        history = [r.harness[task][first] for r in rows if first is not None and isinstance(r.harness.get(task), dict) and first in r.harness[task]]  # type: ignore[union-attr]
+        shown += f" (step {step})"
+        if len(history) > 1:
+            shown += f"; {first} by evaluation: " + " -> ".join(f"{v:.4f}" for v in history)
+        out.append((f"harness {task}", shown))
+    return out
 
 
 def format_summary(record: RunRecord) -> str:
@@ -265,9 +299,9 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
             ax_loss.plot(steps, _smoothed(losses, window), color="tab:blue", lw=2, label=f"train loss, mean of {window} steps")
         best = min(record.steps, key=lambda r: r.loss)
         ax_loss.plot([best.step], [best.loss], "*", color="tab:red", ms=12, zorder=5, label=f"best {best.loss:.4f} (step {best.step})")
-    if record.evals:
+    if record.loss_evals:
         ax_loss.plot(
-            [r.step for r in record.evals], [r.eval_loss for r in record.evals],
+            [r.step for r in record.loss_evals], [r.eval_loss for r in record.loss_evals],
             "o-", color="tab:orange", lw=1.5, ms=6, label="eval loss",
         )  # fmt: skip
     for name, step, _ in record.checkpoints:

@@ -92,8 +92,7 @@ class RunReporter:
         line = row.to_dict()
         self._file.write(json.dumps(line) + "\n")
         if run.config.training.report_to:
-            numeric = {k: v for k, v in line.items() if isinstance(v, (int, float)) and k != "step"}
-            run.accelerator.log(numeric, step=step)
+            run.accelerator.log(row.numbers(), step=step)
 
     @hookimpl
     def acc_train_log(self, run: RunContext, step: int, metrics: dict[str, Any]) -> None:
@@ -117,8 +116,11 @@ class RunReporter:
         if run.is_main_process:
             row = MetricsRow.from_dict(metrics)
             self._write(run, step, row)
-            if self._bar is not None:
+            if self._bar is not None and row.eval_loss is not None:
                 self._bar.write(f"step {step}: eval_loss {row.eval_loss:.4f}")
+            if self._bar is not None and row.harness:
+                scores = (f"{task} {metric} {value:.4f}" for task, metrics in row.harness.items() for metric, value in metrics.items())
+                self._bar.write(f"step {step}: " + "; ".join(scores))
 
     @hookimpl
     def acc_train_train_end(self, run: RunContext, summary: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
 """The ``eval`` section of the job config: what a run does at each evaluation besides its
-``eval_loss`` (generation samples), the settings of that work. When and how much it evaluates
+``eval_loss`` (generation samples, lm-evaluation-harness tasks), the settings of that work. When and how much it evaluates
 (``training.eval_every``, ``training.eval_batches``) stay in the ``training`` section."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Annotated, Any, Union
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from acc_train.config.base import MAX_SEED, NonEmptyStr, PositiveFloat, Section
+from acc_train.config.harness import HarnessSettings
 
 __all__ = ["ChatMessage", "EvalConfig", "Prompt", "MAX_SAMPLE_PROMPTS"]
 
@@ -43,9 +44,10 @@ Prompt = Annotated[
 ]
 
 
-class EvalConfig(Section):
-    """``eval``: generation at every evaluation (``training.eval_every`` steps and after the
-    last), written to ``samples.jsonl`` and the trackers that take text."""
+class EvalConfig(HarnessSettings):
+    """``eval``: at every evaluation (``training.eval_every`` steps and after the last),
+    generation samples (``samples`` and their settings), written to ``samples.jsonl`` and the
+    trackers that take text, and benchmark tasks through lm-evaluation-harness (``harness_*``)."""
 
     samples: list[Prompt] = Field(
         default_factory=list,

@@ -66,7 +66,7 @@ class JobConfig(Section):
     )
     eval: EvalConfig = Field(
         default_factory=EvalConfig,
-        description="What each evaluation does besides `eval_loss`: generation samples and their settings.",
+        description="What each evaluation runs besides `eval_loss`: generation samples and their settings, and lm-evaluation-harness tasks.",
     )
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig,

@@ -128,6 +128,9 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         "best_loss": result.best_loss,
         "final_eval_loss": result.eval_loss,
         "samples": _samples_summary(run),
+        # eval.harness_tasks: the last scores, {task: {metric: value}}, and the step they were taken after
+        "harness": result.harness,
+        "harness_step": result.harness_step,
         "tokens": state.tokens,
         # real tokens (padding left out) of this run's steps over its loop's wall time
         "tokens_per_s": tokens_per_s,

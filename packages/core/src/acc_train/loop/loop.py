@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point
+from acc_train.harness import run_harness
 from acc_train.loop.ledger import StepClock, StepLedger, StepReading, StepValues
 from acc_train.loop.loss import eval_loss, packed_mask_kind, sequence_shards, step_windows, token_loss
 from acc_train.loop.samples import Samples
@@ -73,6 +74,9 @@ class LoopResult:
     last_loss: float | None = None
     best_loss: float | None = None
     eval_loss: float | None = None
+    #: the last scores of ``eval.harness_tasks`` (``{task: {metric: value}}``) and their step
+    harness: dict[str, dict[str, float]] | None = None
+    harness_step: int | None = None
     #: committed checkpoints, in order
     saved: list[str] = field(default_factory=list)
     #: the signal the ranks agreed to stop on (a checkpoint of the last step was written), or None
@@ -120,7 +124,8 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     agreement = StopAgreement(inputs.stop) if inputs.stop is not None else None
     every = cfg.checkpoint.every
     samples = Samples(run, state.step)  # eval.samples: generated at each evaluation, eval data or not
-    evaluates = inputs.eval_dl is not None or samples.active
+    harness = bool(cfg.eval.harness_tasks)  # eval.harness_tasks (lm-evaluation-harness): likewise
+    evaluates = inputs.eval_dl is not None or samples.active or harness
 
     def evaluating(step: int) -> bool:
         return evaluates and (bool(t_cfg.eval_every and step % t_cfg.eval_every == 0) or step >= run.max_steps)
@@ -217,6 +222,8 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                     call_lifecycle("acc_train_eval_end", run=run, step=state.step, metrics={"step": state.step, "eval_loss": result.eval_loss})
                 if evaluating(state.step):
                     samples.at_evaluation(state.step)
+                if harness and evaluating(state.step):
+                    result.harness, result.harness_step = run_harness(run, state.step), state.step
                 if saving(state.step) or stop_signal is not None:
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
                     if inputs.stream is not None:  # every rank's position after the rows this step used

@@ -1,0 +1,228 @@
+"""Benchmark tasks through lm-evaluation-harness (``lm_eval``, the core extra ``eval``): the
+tasks of ``acc-train eval`` and of ``eval.harness_tasks``, scored on a model object.
+
+A task is a name lm-eval knows (its own tasks, or one in an ``include_path`` directory) or the
+path of a task YAML; a local YAML over a local JSON-lines file (``dataset_path: json``) needs no
+network. ``lm_eval`` is imported only when tasks are checked or run: never on ``--help``, never
+in a training worker whose job names no harness task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from acc_train.errors import UserError, closest
+
+if TYPE_CHECKING:
+    from acc_train.config.harness import HarnessSettings
+    from acc_train.run import RunContext
+
+__all__ = [
+    "INSTALL_HINT", "HarnessTasks", "require_lm_eval", "harness_tasks", "evaluate_tasks", "score_lines", "check_job_harness",
+    "run_harness",
+]  # fmt: skip
+
+INSTALL_HINT = "pip install 'acc-train-core[eval]'"
+#: run.extras key of the tasks a run evaluates (resolved once per run)
+_EXTRAS_KEY = "acc_train.harness"
+
+
+def require_lm_eval(where: str) -> None:
+    """A UserError naming the extra to install where ``lm_eval`` cannot be imported (found
+    without importing it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("lm_eval") is None:
+        raise UserError("lm-evaluation-harness (the lm_eval package) is not installed", where=where, hint=f"install it: {INSTALL_HINT}")
+
+
+def _is_yaml_path(name: str) -> bool:
+    return name.endswith((".yaml", ".yml"))
+
+
+class HarnessTasks:
+    """Task specs checked against lm-eval's index: every name known, every YAML path a file.
+    ``load()`` builds fresh Task objects (lm-eval's tasks keep their requests, so each
+    evaluation loads its own; a local dataset is read from the ``datasets`` cache after the first)."""
+
+    def __init__(self, specs: list[str], manager: Any, where: str) -> None:
+        self.specs = specs
+        self.manager = manager
+        self.where = where
+
+    def load(self) -> list[Any]:
+        try:
+            loaded = self.manager.load(list(self.specs))
+        except Exception as exc:  # noqa: BLE001 - a task YAML, its dataset or its template is the user's
+            message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            raise UserError(
+                f"cannot load the task(s) {', '.join(self.specs)}: {message}",
+                where=self.where,
+                hint="check the task YAML (lm-eval's task format) and that its dataset files exist",
+            ) from None
+        return list(loaded["tasks"].values()) + list(loaded["groups"].values())
+
+
+def harness_tasks(tasks: list[str], include_path: str | None, where: str, *, include_path_where: str | None = None) -> HarnessTasks:
+    """The tasks as lm-eval will run them, or a UserError naming the first unknown name or
+    missing file. lm-eval's own index of thousands of tasks takes seconds to build: it is built
+    only for a name that is neither a YAML path nor in ``include_path``."""
+    require_lm_eval(where)
+    if not tasks:
+        raise UserError("no task named", where=where, hint="name a task (e.g. hellaswag) or the path of a task YAML")
+    if include_path is not None and not Path(include_path).expanduser().is_dir():
+        raise UserError(f"{include_path!r} is not a directory", where=include_path_where or where, hint="give the directory that holds your task YAML files")
+    for name in tasks:
+        if _is_yaml_path(name) and not Path(name).expanduser().is_file():
+            raise UserError(f"task file {name!r} does not exist", where=where, hint="give the path of a task YAML, or a task name")
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(Path(include_path).expanduser())] if include_path else None
+    names = [n for n in tasks if not _is_yaml_path(n)]
+    manager = TaskManager(include_path=paths, include_defaults=False)
+    if any(n not in manager.all_tasks for n in names):
+        manager = TaskManager(include_path=paths)
+    for name in names:
+        if name not in manager.all_tasks:
+            near = closest(name, manager.all_tasks)
+            raise UserError(
+                f"lm-evaluation-harness has no task, group or tag named {name!r}",
+                where=where,
+                hint=(f"did you mean {near!r}? " if near else "") + "`lm-eval ls tasks` lists them; a local task: its YAML's path, or --include-path DIR",
+            )
+    specs = [str(Path(n).expanduser().resolve()) if _is_yaml_path(n) else n for n in tasks]
+    return HarnessTasks(specs, manager, where)
+
+
+def _scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """``{task: {metric: value}}`` from lm-eval's ``results``: its ``"acc,none"`` keys as
+    ``acc`` (``"exact_match,strict-match"`` keeps its filter), numbers only (a stderr lm-eval
+    could not compute is ``"N/A"``: left out)."""
+    out: dict[str, dict[str, float]] = {}
+    for task, values in results.items():
+        metrics = {}
+        for key, value in values.items():
+            if "," not in key or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            metric, _, filt = key.partition(",")
+            metrics[metric if filt == "none" else key] = float(value)
+        out[task] = metrics
+    return out
+
+
+@contextlib.contextmanager
+def _same_random_state() -> Iterator[None]:
+    """lm-eval seeds Python's, NumPy's and torch's global generators (its own defaults, so its
+    scores repeat): they are put back afterwards, so a run with harness tasks trains on the same
+    random numbers (dropout, say) as one without."""
+    import random
+
+    import numpy as np
+    import torch
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
+class _PassedAModelObject:
+    """Drops HFLM's warnings about being handed a model object (that is how it is used here,
+    and their advice, not to launch through Accelerate, is not the user's to follow)."""
+
+    def filter(self, record: Any) -> bool:
+        message = str(record.msg)
+        return not message.startswith(("`pretrained` model kwarg is not of type", "Passed an already-initialized model"))
+
+
+_QUIET = _PassedAModelObject()
+
+
+def evaluate_tasks(
+    model: Any, tokenizer: Any | None, tasks: HarnessTasks, *, limit: int | None = None, num_fewshot: int | None = None, batch_size: int = 8
+) -> dict[str, dict[str, float]]:
+    """Score ``model`` (a transformers model object, used as it is: not moved, not wrapped) on
+    ``tasks``; returns ``{task: {metric: value}}``."""
+    if tokenizer is None:
+        raise UserError(
+            "the demo model reads bytes and has no tokenizer; lm-evaluation-harness needs one",
+            where=tasks.where,
+            hint="evaluate a model trained with a tokenizer (model.name_or_path / model.tokenizer)",
+        )
+    import logging
+
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    logging.getLogger(HFLM.__module__).addFilter(_QUIET)  # (added once: the same object)
+    training = bool(getattr(model, "training", False))
+    with _same_random_state():
+        try:
+            lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+            out = lm_eval.simple_evaluate(model=lm, tasks=tasks.load(), task_manager=tasks.manager, limit=limit, num_fewshot=num_fewshot, log_samples=False)
+        finally:
+            if training:  # HFLM switches the model to eval mode
+                model.train()
+    return _scores((out or {}).get("results", {}))
+
+
+def score_lines(scores: dict[str, dict[str, float]]) -> list[str]:
+    """``TASK METRIC VALUE``, one line per task and metric."""
+    return [f"{task} {metric} {value:.4f}" for task, metrics in scores.items() for metric, value in metrics.items()]
+
+
+# -- during training -------------------------------------------------------------------------
+
+
+def check_job_harness(config: Any) -> HarnessTasks | None:
+    """Before launch: ``eval.harness_tasks`` can run (lm-eval installed, a tokenizer, every task
+    known and loadable), so a mistake is exit 2 now, not at the first evaluation."""
+    settings: HarnessSettings = config.eval
+    if not settings.harness_tasks:
+        return None
+    require_lm_eval("eval.harness_tasks")
+    if config.model.name_or_path is None and config.model.tokenizer is None:
+        raise UserError(
+            "the demo model reads bytes and has no tokenizer; lm-evaluation-harness needs one",
+            where="eval.harness_tasks",
+            hint="name a model with a tokenizer (model.name_or_path), or drop eval.harness_tasks",
+        )
+    tasks = harness_tasks(settings.harness_tasks, settings.harness_include_path, "eval.harness_tasks", include_path_where="eval.harness_include_path")
+    tasks.load()
+    return tasks
+
+
+def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
+    """Run ``eval.harness_tasks`` on the run's model after ``step`` (every rank), fire
+    ``acc_train_eval_end`` with ``{"step", "harness"}`` (core's reporter writes it to
+    ``metrics.jsonl`` and the trackers) and return the scores.
+
+    Every rank runs the same requests in the same order on the model it trains with
+    (``accelerator.unwrap_model``: DDP's module, FSDP2's sharded module, ZeRO-3's module with its
+    gathering hooks, FSDP1's root), so sharded strategies gather each unit's weights for every
+    forward in lockstep, as training does: no rank holds a full copy of the model, and what a
+    strategy does to its parameters stays the strategy's. lm-eval, given a model object, splits
+    no work across processes (its rank 0 of 1 on each), so every rank computes the same scores;
+    the main process records them. The cost is every rank doing the whole evaluation.
+    """
+    from acc_train.model import load_tokenizer
+    from acc_train.plugins import call_lifecycle
+
+    cfg = run.config
+    settings: HarnessSettings = cfg.eval
+    if _EXTRAS_KEY not in run.extras:
+        tasks = harness_tasks(settings.harness_tasks, settings.harness_include_path, "eval.harness_tasks", include_path_where="eval.harness_include_path")
+        run.extras[_EXTRAS_KEY] = (tasks, load_tokenizer(cfg.model))
+    tasks, tokenizer = run.extras[_EXTRAS_KEY]
+    model = run.accelerator.unwrap_model(run.model)
+    scores = evaluate_tasks(model, tokenizer, tasks, limit=settings.harness_limit, num_fewshot=settings.harness_num_fewshot, batch_size=settings.harness_batch_size)
+    call_lifecycle("acc_train_eval_end", run=run, step=step, metrics={"step": step, "harness": scores})
+    return scores

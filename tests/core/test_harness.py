@@ -1,0 +1,195 @@
+"""Benchmark tasks through lm-evaluation-harness in one process (no launch): ``acc-train eval``'s
+output and its refusals, and ``eval.harness_tasks`` recorded by a run (metrics.jsonl, run.json,
+the report) without changing what it trains. The task is a local YAML over a local JSON-lines
+file, read offline."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from acc_train import plugins
+from acc_train_cli.main import cli
+
+LINE = re.compile(r"^(\S+) (\S+) (-?\d+\.\d{4})$")
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No network (the task is local), and one process whatever launched the tests."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    plugins.reset()
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    plugins.reset()
+
+
+def acc_train(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def scores_of(output: str) -> dict[str, dict[str, float]]:
+    """``TASK METRIC VALUE`` lines as ``{task: {metric: value}}`` (every stdout line is one)."""
+    out: dict[str, dict[str, float]] = {}
+    for line in output.strip().splitlines():
+        match = LINE.match(line)
+        assert match, f"not TASK METRIC VALUE: {line!r}"
+        out.setdefault(match[1], {})[match[2]] = float(match[3])
+    return out
+
+
+def test_eval_scores_a_local_task_by_its_yaml_path_and_by_name(tiny_model_dir: Path, harness_task: Path, tmp_path: Path) -> None:
+    by_path = acc_train("eval", str(tiny_model_dir), "--tasks", str(harness_task), "--output", str(tmp_path / "scores.json"))
+    assert by_path.exit_code == 0, by_path.output
+    scores = scores_of(by_path.stdout)
+    assert set(scores) == {"tiny_words"} and set(scores["tiny_words"]) == {"acc", "acc_stderr"}
+    assert 0 <= scores["tiny_words"]["acc"] <= 1
+    written = json.loads((tmp_path / "scores.json").read_text())
+    assert written["model"] == str(tiny_model_dir) and written["scores"]["tiny_words"]["acc"] == pytest.approx(scores["tiny_words"]["acc"], abs=1e-4)
+    by_name = acc_train("eval", str(tiny_model_dir), "--tasks", "tiny_words", "--include-path", str(harness_task.parent))
+    assert by_name.exit_code == 0, by_name.output
+    assert scores_of(by_name.stdout) == scores
+    # --limit: the first N questions; 1 of them is right or wrong
+    one = acc_train("eval", str(tiny_model_dir), "--tasks", str(harness_task), "--limit", "1", "--batch-size", "1")
+    assert one.exit_code == 0, one.output
+    assert scores_of(one.stdout)["tiny_words"]["acc"] in (0.0, 1.0)
+
+
+def _user_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    for fragment in fragments:
+        assert fragment in result.output, (fragment, result.output)
+
+
+def test_the_guides_local_task_scores_offline(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guide's task YAML and JSON-lines file, as written there, and its commands' forms."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "look-at-what-you-trained.md").read_text()
+    files = dict(re.findall(r'^```(?:yaml|jsonl) title="([^"]+)"\n(.*?)^```', page, flags=re.M | re.S))
+    assert set(files) == {"data/capitals.jsonl", "tasks/capitals.yaml"}
+    monkeypatch.chdir(tmp_path)
+    for name, body in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(body)
+    by_path = acc_train("eval", str(tiny_model_dir), "--tasks", "tasks/capitals.yaml")
+    assert by_path.exit_code == 0, by_path.output
+    acc = scores_of(by_path.stdout)["capitals"]["acc"]
+    assert any(acc == pytest.approx(right / 3, abs=1e-4) for right in range(4))  # 3 questions
+    by_name = acc_train("eval", str(tiny_model_dir), "--tasks", "capitals", "--include-path", "tasks")
+    assert by_name.exit_code == 0, by_name.output
+    assert by_name.stdout == by_path.stdout
+
+
+def test_eval_refuses_bad_input_with_exit_2(tiny_model_dir: Path, harness_task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = str(tiny_model_dir)
+    _user_error(acc_train("eval", model, "--tasks", str(tmp_path / "missing.yaml")), "--tasks", "does not exist")
+    _user_error(acc_train("eval", model, "--tasks", "tiny_words", "--include-path", str(tmp_path / "nowhere")), "--include-path", "not a directory")
+    _user_error(acc_train("eval", str(tmp_path / "no-run"), "--tasks", str(harness_task)), "does not exist")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("task: broken\ndataset_path: json\ndataset_kwargs: {data_files: {test: " + str(tmp_path / "no.jsonl") + "}}\noutput_type: multiple_choice\n")
+    _user_error(acc_train("eval", model, "--tasks", str(broken)), "--tasks", "cannot load the task", "hint:")
+    not_yaml = tmp_path / "not.yaml"
+    not_yaml.write_text("task: [unclosed\n")
+    _user_error(acc_train("eval", model, "--tasks", str(not_yaml)), "--tasks", "cannot load the task")
+    # an unknown name, against an index of the local tasks alone (lm-eval's own ~15k take seconds to index)
+    import lm_eval.tasks
+
+    class LocalOnly(lm_eval.tasks.TaskManager):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **{**kwargs, "include_defaults": False})
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", LocalOnly)
+    _user_error(acc_train("eval", model, "--tasks", "tiny_wrds", "--include-path", str(harness_task.parent)), "no task, group or tag named 'tiny_wrds'", "did you mean 'tiny_words'")
+
+
+def test_without_lm_eval_the_command_and_the_config_say_what_to_install(tiny_model_dir: Path, harness_task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else find_spec(name, *a))
+    _user_error(acc_train("eval", str(tiny_model_dir), "--tasks", str(harness_task)), "pip install 'acc-train-core[eval]'")
+    job = ["--set", f"model.name_or_path={tiny_model_dir}", "--set", f"eval.harness_tasks=[{harness_task}]", "--output-dir", str(tmp_path / "run")]
+    _user_error(acc_train(*job), "eval.harness_tasks", "pip install 'acc-train-core[eval]'")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_demo_model_has_no_tokenizer_for_the_harness(harness_task: Path, tmp_path: Path) -> None:
+    _user_error(acc_train("--set", f"eval.harness_tasks=[{harness_task}]", "--output-dir", str(tmp_path / "run")), "eval.harness_tasks", "no tokenizer")
+
+
+def _train(model: Path, data: dict[str, Path], out: Path, *sets: str) -> Path:
+    from acc_train.config import load_job
+    from acc_train.trainer import check_output_dir, train
+
+    job = load_job(
+        flags={"output_dir": (str(out), "--output-dir"), "training.max_steps": (4, "--max-steps")},
+        sets=[
+            f"model.name_or_path={model}", f"data.train_files=[{data['train']}]", f"data.eval_files=[{data['eval']}]",
+            "data.seq_len=16", "training.micro_batch_size=4", "training.mixed_precision=no", "training.progress_bar=false",
+            "training.eval_every=2", "training.eval_batches=2", "optimizer.lr=1e-3", "checkpoint.every=0", *sets,
+        ],
+    )  # fmt: skip
+    check_output_dir(job)
+    train(job)
+    return out
+
+
+def test_a_run_records_its_harness_scores(tiny_model_dir: Path, tiny_data: dict[str, Path], harness_task: Path, tmp_path: Path) -> None:
+    """``eval.harness_tasks`` at every evaluation (steps 2 and 4) and after the last: rows in
+    metrics.jsonl, run.json's last scores, the report's rows; the scores are the ones
+    ``acc-train eval`` gives for the run's final model."""
+    from acc_train.metrics import read_metrics
+    from acc_train.report import format_summary, read_run
+
+    run = _train(tiny_model_dir, tiny_data, tmp_path / "harness", f"eval.harness_tasks=[{harness_task}]", "eval.harness_limit=12")
+    rows = read_metrics(run)
+    harness = [r for r in rows.evals if r.harness is not None]
+    assert [r.step for r in harness] == [2, 4]
+    assert all(set(r.harness) == {"tiny_words"} and 0 <= r.harness["tiny_words"]["acc"] <= 1 for r in harness)
+    assert [r.step for r in rows.evals if r.eval_loss is not None] == [2, 4]
+    assert [r.step for r in rows.training] == [1, 2, 3, 4]
+    assert harness[-1].numbers()["harness/tiny_words/acc"] == harness[-1].harness["tiny_words"]["acc"]  # what trackers get
+    summary = json.loads((run / "run.json").read_text())
+    assert summary["harness"] == harness[-1].harness and summary["harness_step"] == 4
+    assert summary["final_eval_loss"] == pytest.approx(rows.evals[-2].eval_loss if rows.evals[-1].eval_loss is None else rows.evals[-1].eval_loss)
+    report = format_summary(read_run(run))
+    assert re.search(r"^harness tiny_words +acc \d\.\d{4} \(step 4\); acc by evaluation: \d\.\d{4} -> \d\.\d{4}$", report, flags=re.M), report
+    assert "eval loss" in report and "- (step" not in report
+    card = (run / "final" / "README.md").read_text()  # the model card names them
+    assert f"| benchmarks | lm-evaluation-harness after step 4: tiny_words acc {summary['harness']['tiny_words']['acc']:.4f} |" in card
+    offline = acc_train("eval", str(run), "--tasks", str(harness_task), "--limit", "12")
+    assert offline.exit_code == 0, offline.output
+    assert scores_of(offline.stdout)["tiny_words"]["acc"] == pytest.approx(summary["harness"]["tiny_words"]["acc"], abs=1e-4)
+
+
+def test_the_harness_leaves_the_random_generators_as_it_found_them(tiny_model_dir: Path, harness_task: Path) -> None:
+    """lm-eval seeds Python's, NumPy's and torch's generators: they are put back, so a run with
+    harness tasks draws the same dropout masks afterwards as one without."""
+    import random
+
+    import numpy as np
+    import torch
+    import transformers
+
+    from acc_train.harness import evaluate_tasks, harness_tasks
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).train()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    evaluate_tasks(model, tokenizer, harness_tasks([str(harness_task)], None, "--tasks"), limit=2)
+    assert model.training  # HFLM switched it to eval mode; it trains on
+    got = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]

@@ -1,0 +1,75 @@
+"""lm-evaluation-harness under sharded strategies (2 CPU processes, fp32): ``eval.harness_tasks``
+runs on every rank in lockstep on the ZeRO-3 and the FSDP2 model as it trains, and ``acc-train
+eval`` scores the checkpoints either wrote; one job, so every score agrees."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from acc_train.metrics import read_metrics
+from acc_train.report import format_summary, read_run
+from tests.conftest import shared_runs, tiny_job_args
+
+pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("harness")]
+
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+STRATEGIES = {"zero3": ("--strategy", "zero3"), "fsdp": ("--strategy", "fsdp")}
+
+
+@pytest.fixture(scope="module")
+def runs(no_dropout_model: Path, tiny_data: dict[str, Path], harness_task: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: None):
+    def args(name: str, out: Path) -> list[str]:
+        job = ("--num-processes", "2", "--max-steps", "4", "--set", "training.eval_every=2", "--set", "checkpoint.every=2", "--set", "checkpoint.keep_last=null")
+        return tiny_job_args(no_dropout_model, tiny_data, out, *STRATEGIES[name], *job, "--set", f"eval.harness_tasks=[{harness_task}]", "--set", "eval.harness_limit=12")
+
+    return shared_runs(tmp_path_factory, args)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    """The runs (and the commands) read the local task offline."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in OFFLINE.items():
+            mp.setenv(name, value)
+        yield
+
+
+def _harness_rows(run: Path) -> dict[int, dict]:
+    return {r.step: r.harness for r in read_metrics(run).evals if r.harness is not None}
+
+
+def _eval(source: Path, task: Path) -> dict:
+    """``acc-train eval SOURCE --tasks TASK``'s scores (in this process: no interpreter to start)."""
+    from click.testing import CliRunner
+
+    from acc_train_cli.main import cli
+
+    out = source.parent / f"{source.name}-scores.json"
+    result = CliRunner().invoke(cli, ["eval", str(source), "--tasks", str(task), "--limit", "12", "--output", str(out)])
+    assert result.exit_code == 0, result.output[-3000:]
+    assert result.stdout.splitlines()[0].startswith("tiny_words acc ")
+    return json.loads(out.read_text())["scores"]
+
+
+def test_sharded_runs_score_the_harness_alike_while_training(runs) -> None:
+    """Both strategies record the task at steps 2 and 4 (metrics.jsonl, run.json, the report),
+    with the same scores: the model trained alike and every rank ran the same requests."""
+    zero3, fsdp = _harness_rows(runs("zero3")), _harness_rows(runs("fsdp"))
+    assert sorted(zero3) == sorted(fsdp) == [2, 4]
+    for step in (2, 4):
+        assert zero3[step]["tiny_words"]["acc"] == pytest.approx(fsdp[step]["tiny_words"]["acc"], abs=1e-6), step
+    for name in STRATEGIES:
+        summary = json.loads((runs(name) / "run.json").read_text())
+        assert summary["harness"] == _harness_rows(runs(name))[4] and summary["harness_step"] == 4
+        assert f"acc {summary['harness']['tiny_words']['acc']:.4f} (step 4)" in format_summary(read_run(runs(name)))  # acc-train report's table
+
+
+def test_eval_scores_zero3_and_fsdp_checkpoints_alike(runs, harness_task: Path) -> None:
+    """``acc-train eval`` on the step-2 checkpoint each strategy wrote (its portable state,
+    whatever the strategy) gives the same scores, and the ones the run recorded at step 2."""
+    scores = {name: _eval(runs(name) / "checkpoints" / "step-000002", harness_task) for name in STRATEGIES}
+    assert scores["zero3"]["tiny_words"]["acc"] == pytest.approx(scores["fsdp"]["tiny_words"]["acc"], abs=1e-6)
+    assert scores["zero3"]["tiny_words"]["acc"] == pytest.approx(_harness_rows(runs("zero3"))[2]["tiny_words"]["acc"], abs=1e-6)
