@@ -13,8 +13,10 @@ from tests.conftest import run_cli
 
 
 def summary_of(stdout: str) -> dict[str, str]:
-    """The summary table's rows: key, two or more spaces, value."""
-    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in stdout.splitlines() if line.strip())
+    """The summary table's rows (up to the first blank line; the samples come after it): key,
+    two or more spaces, value."""
+    table = stdout.strip().split("\n\n")[0]
+    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in table.splitlines() if line.strip())
 
 
 def fake_run(out: Path, finished: bool = True) -> Path:
