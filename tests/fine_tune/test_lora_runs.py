@@ -124,6 +124,12 @@ def test_final_loads_with_peft_and_export_merge_with_transformers(runs, tiny_mod
     assert "PeftModel.from_pretrained" in proc.stdout
     exported = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter_dir).eval()
     torch.testing.assert_close(exported(input_ids=ids).logits, tuned_logits)
+    # each export's model card says what its directory holds: the merged model, or the adapters
+    from huggingface_hub import ModelCard
+
+    for directory, library, lora in ((merged_dir, "transformers", False), (adapter_dir, "peft", True)):
+        meta = ModelCard.load(directory / "README.md").data.to_dict()
+        assert meta["library_name"] == library and ("lora" in meta["tags"]) == lora, (directory, meta)
 
     proc = run_cli("checkpoint", "export", str(last), "--to", "hf", "--merge", str(merged_dir))  # OUT exists: refused, nothing touched
     assert proc.returncode == 2
