@@ -87,6 +87,8 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
             "training.progress_bar=false",
             "training.eval_every=3",
             "checkpoint.every=4",
+            'eval.samples=["import "]',
+            "eval.max_new_tokens=6",
         ],
     )
     out = check_output_dir(job)
@@ -119,6 +121,21 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
     assert first["tokens"] == 6 and "".join(pieces) == first["completion"]
     assert generate(loaded, tokenizer, "import ", max_new_tokens=6)["completion"] == first["completion"]
     assert torch.isfinite(model(torch.tensor([list(b"import os")])).logits).all()
+    # eval.samples on the demo job (bytes in, bytes out): a row at each evaluation, the last one
+    # the final model's own greedy completion, and acc-train report shows them
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["prompt"], r["new_tokens"]) for r in rows] == [(3, "import ", 6), (6, "import ", 6)]
+    assert rows[-1]["completion"] == first["completion"]
+    from click.testing import CliRunner
+
+    from acc_train_cli.main import cli
+
+    report = CliRunner().invoke(cli, ["report", str(out), "--no-png"])
+    assert report.exit_code == 0 and "samples at step 6 (samples.jsonl):" in report.stdout, report.output[-2000:]
+    from acc_train.report import format_samples, read_run
+
+    assert format_samples(read_run(out)) in report.stdout
+    assert "      -> " + rows[-1]["completion"].replace("\n", "\n" + " " * 9) in report.stdout
 
 
 def test_a_run_that_fails_writes_the_rows_it_held_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
