@@ -1,6 +1,6 @@
 """lm-evaluation-harness under sharded strategies (2 CPU processes, fp32): ``eval.harness_tasks``
-runs on every rank in lockstep on the ZeRO-3 and the FSDP2 model as it trains, and ``acc-train
-eval`` scores the checkpoints either wrote; one job, so every score agrees."""
+runs on every rank in lockstep on the ZeRO-3, FSDP2 and FSDP1 model as it trains, and ``acc-train
+eval`` scores the checkpoints each wrote; one job, so every score agrees."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from tests.conftest import shared_runs, tiny_job_args
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("harness")]
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-STRATEGIES = {"zero3": ("--strategy", "zero3"), "fsdp": ("--strategy", "fsdp")}
+#: FSDP1 too: its root unit (embeddings, head) is gathered only through the strategy's generation_model
+STRATEGIES = {"zero3": ("--strategy", "zero3"), "fsdp": ("--strategy", "fsdp"), "fsdp1": ("--strategy", "fsdp1")}
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +56,15 @@ def _eval(source: Path, task: Path) -> dict:
 
 
 def test_sharded_runs_score_the_harness_alike_while_training(runs) -> None:
-    """Both strategies record the task at steps 2 and 4 (metrics.jsonl, run.json, the report),
+    """Every strategy records the task at steps 2 and 4 (metrics.jsonl, run.json, the report),
     with the same scores: the model trained alike and every rank ran the same requests."""
-    zero3, fsdp = _harness_rows(runs("zero3")), _harness_rows(runs("fsdp"))
-    assert sorted(zero3) == sorted(fsdp) == [2, 4]
-    for step in (2, 4):
-        assert zero3[step]["tiny_words"]["acc"] == pytest.approx(fsdp[step]["tiny_words"]["acc"], abs=1e-6), step
+    zero3 = _harness_rows(runs("zero3"))
+    assert sorted(zero3) == [2, 4]
+    for name in ("fsdp", "fsdp1"):
+        other = _harness_rows(runs(name))
+        assert sorted(other) == [2, 4], name
+        for step in (2, 4):
+            assert zero3[step]["tiny_words"]["acc"] == pytest.approx(other[step]["tiny_words"]["acc"], abs=1e-6), (name, step)
     for name in STRATEGIES:
         summary = json.loads((runs(name) / "run.json").read_text())
         assert summary["harness"] == _harness_rows(runs(name))[4] and summary["harness_step"] == 4
@@ -71,5 +75,6 @@ def test_eval_scores_zero3_and_fsdp_checkpoints_alike(runs, harness_task: Path) 
     """``acc-train eval`` on the step-2 checkpoint each strategy wrote (its portable state,
     whatever the strategy) gives the same scores, and the ones the run recorded at step 2."""
     scores = {name: _eval(runs(name) / "checkpoints" / "step-000002", harness_task) for name in STRATEGIES}
-    assert scores["zero3"]["tiny_words"]["acc"] == pytest.approx(scores["fsdp"]["tiny_words"]["acc"], abs=1e-6)
+    for name in ("fsdp", "fsdp1"):
+        assert scores["zero3"]["tiny_words"]["acc"] == pytest.approx(scores[name]["tiny_words"]["acc"], abs=1e-6), name
     assert scores["zero3"]["tiny_words"]["acc"] == pytest.approx(_harness_rows(runs("zero3"))[2]["tiny_words"]["acc"], abs=1e-6)

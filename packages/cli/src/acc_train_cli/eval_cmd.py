@@ -43,6 +43,9 @@ def eval_command(path: str, tasks: str, include_path: str | None, limit: int | N
             where="RUN_OR_CHECKPOINT",
             hint="evaluate a model trained with a tokenizer (model.name_or_path / model.tokenizer)",
         )
+    import torch
+
+    model = model.to("cuda" if torch.cuda.is_available() else "cpu")  # as acc-train generate: the GPU when there is one
     scores = evaluate_tasks(model, tokenizer, resolved, limit=limit, num_fewshot=num_fewshot, batch_size=batch_size)
     for line in score_lines(scores):
         click.echo(line)

@@ -100,8 +100,9 @@ def harness_tasks(tasks: list[str], include_path: str | None, where: str, *, inc
 
 def _scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     """``{task: {metric: value}}`` from lm-eval's ``results``: its ``"acc,none"`` keys as
-    ``acc`` (``"exact_match,strict-match"`` keeps its filter), numbers only (a stderr lm-eval
-    could not compute is ``"N/A"``: left out)."""
+    ``acc``, ``"exact_match,strict-match"`` as ``exact_match/strict-match`` (no comma: trackers
+    such as MLflow refuse one in a metric's name), numbers only (a stderr lm-eval could not
+    compute is ``"N/A"``: left out)."""
     out: dict[str, dict[str, float]] = {}
     for task, values in results.items():
         metrics = {}
@@ -109,7 +110,7 @@ def _scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
             if "," not in key or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 continue
             metric, _, filt = key.partition(",")
-            metrics[metric if filt == "none" else key] = float(value)
+            metrics[metric if filt == "none" else f"{metric}/{filt}"] = float(value)
         out[task] = metrics
     return out
 
@@ -205,10 +206,11 @@ def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
     ``acc_train_eval_end`` with ``{"step", "harness"}`` (core's reporter writes it to
     ``metrics.jsonl`` and the trackers) and return the scores.
 
-    Every rank runs the same requests in the same order on the model it trains with
-    (``accelerator.unwrap_model``: DDP's module, FSDP2's sharded module, ZeRO-3's module with its
-    gathering hooks, FSDP1's root), so sharded strategies gather each unit's weights for every
-    forward in lockstep, as training does: no rank holds a full copy of the model, and what a
+    Every rank runs the same requests in the same order on the model it trains with, as the
+    strategy hands it out for generation (:meth:`acc_train.strategy.Strategy.generation_model`:
+    DDP's module, FSDP2's sharded module, ZeRO-3's module with its gathering hooks, FSDP1's
+    module with its root unit gathered; never the torch.compile wrapper), so sharded strategies
+    gather each unit's weights for every forward in lockstep, as training does: no rank holds a full copy of the model, and what a
     strategy does to its parameters stays the strategy's. lm-eval, given a model object, splits
     no work across processes (its rank 0 of 1 on each), so every rank computes the same scores;
     the main process records them. The cost is every rank doing the whole evaluation.
@@ -222,7 +224,7 @@ def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
         tasks = harness_tasks(settings.harness_tasks, settings.harness_include_path, "eval.harness_tasks", include_path_where="eval.harness_include_path")
         run.extras[_EXTRAS_KEY] = (tasks, load_tokenizer(cfg.model))
     tasks, tokenizer = run.extras[_EXTRAS_KEY]
-    model = run.accelerator.unwrap_model(run.model)
-    scores = evaluate_tasks(model, tokenizer, tasks, limit=settings.harness_limit, num_fewshot=settings.harness_num_fewshot, batch_size=settings.harness_batch_size)
+    with run.job.strategy.generation_model(run.accelerator, run.model) as model:
+        scores = evaluate_tasks(model, tokenizer, tasks, limit=settings.harness_limit, num_fewshot=settings.harness_num_fewshot, batch_size=settings.harness_batch_size)
     call_lifecycle("acc_train_eval_end", run=run, step=step, metrics={"step": step, "harness": scores})
     return scores
