@@ -7,14 +7,14 @@ session fixtures and ``xdist_group`` (``--dist loadgroup`` keeps a group on one 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from acc_train import metrics
+from acc_train import metrics, plugins
 from acc_train.metrics import MetricsRow
 from acc_train.testing.runs import WORDS, save_tiny_model
 
@@ -231,6 +231,21 @@ def matrix_runs(tmp_path_factory: pytest.TempPathFactory, tiny_bf16_model_dir: P
     """The support matrix's combinations (tests/matrix/combinations.py) on the tiny model stored
     in bf16, launched on first use (their tests share each one's xdist group)."""
     return shared_runs(tmp_path_factory, lambda name, out: matrix_args(tiny_bf16_model_dir, ordered_data, out, name))
+
+
+@pytest.fixture
+def single_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The loop in this process, as one rank: no launcher's variables, fresh plugins, and
+    Accelerate's state reset after."""
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    plugins.reset()
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    plugins.reset()
 
 
 def stopped_copy(run: Path, dest: Path, saved: int, lost: int) -> Path:

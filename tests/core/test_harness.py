@@ -7,32 +7,21 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from acc_train import plugins
 from acc_train_cli.main import cli
 
 LINE = re.compile(r"^(\S+) (\S+) (-?\d+\.\d{4})$")
 
 
 @pytest.fixture(autouse=True)
-def offline(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def offline(monkeypatch: pytest.MonkeyPatch, single_process: None) -> None:
     """No network (the task is local), and one process whatever launched the tests."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    plugins.reset()
-    yield
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    plugins.reset()
 
 
 def acc_train(*args: str):

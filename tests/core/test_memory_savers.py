@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from acc_train import plugins
 from acc_train.config import load_job
 from acc_train.errors import UserError
 from acc_train.model import check_attn_implementation, check_model_builds, enable_gradient_checkpointing
@@ -97,17 +95,6 @@ def test_the_command_refuses_flash_attention_on_this_cpu_machine_with_exit_2(tmp
     assert not (tmp_path / "run").exists()
 
 
-@pytest.fixture
-def single_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    plugins.reset()
-    yield
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    plugins.reset()
 
 
 def _train_in_process(out: Path, *sets: str) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +28,8 @@ TINY_DEMO = [
 
 
 @pytest.fixture(autouse=True)
-def single_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    plugins.reset()
-    yield
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    plugins.reset()
+def _one_process(single_process: None) -> None:
+    """Every test here runs the loop in this process (tests/conftest.py ``single_process``)."""
 
 
 class Recorder:
