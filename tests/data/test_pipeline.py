@@ -241,3 +241,67 @@ def test_a_damaged_cache_entry_is_rebuilt_with_a_warning(tmp_path: Path, model_d
     np.testing.assert_array_equal(np.asarray(again.train.tokens[:]), whole)
     assert prepare_data(_cfg(tmp_path, [data]), tok).cache == "hit"
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]
+
+
+def _bytes_read_opening(monkeypatch: pytest.MonkeyPatch, cfg: DataConfig, tok: Any) -> tuple[int, Any]:
+    """The bytes a worker reads from the cache's arrays while it opens the prepared data and
+    summarises it for ``run.json`` (a cache hit, as in every worker)."""
+    from acc_train.data import npyfile
+
+    read = [0]
+    real = os.pread
+
+    def counted(fd: int, n: int, offset: int) -> bytes:
+        out = real(fd, n, offset)
+        read[0] += len(out)
+        return out
+
+    monkeypatch.setattr(npyfile.os, "pread", counted)
+    try:
+        prepared = prepare_data(cfg, tok)
+        summary = prepared.summary()
+    finally:
+        monkeypatch.setattr(npyfile.os, "pread", real)
+    assert prepared.cache == "hit"
+    return read[0], summary
+
+
+def test_a_worker_opening_and_summarising_its_data_reads_nothing_that_grows_with_the_corpus(tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41: ``run.json``'s packing efficiency read every row of the cache in every worker
+    (313 MB of peak memory per rank for 1.75M rows). It is computed once, when the entry is
+    built, and read from meta.json."""
+    tok = _tokenizer(model_dir)
+    small, large = _corpus(tmp_path / "small.jsonl", 100), _corpus(tmp_path / "large.jsonl", 2000, seed=1)
+    seen = {}
+    for name, data in (("small", small), ("large", large)):
+        cfg = _cfg(tmp_path, [data])
+        built = prepare_data(cfg, tok)  # the command builds the entry
+        seen[name] = (_bytes_read_opening(monkeypatch, cfg, tok), built)
+    (small_read, small_summary), small_built = seen["small"]
+    (large_read, large_summary), large_built = seen["large"]
+    assert large_built.counts["rows"] >= 15 * small_built.counts["rows"]
+    assert large_read == small_read, f"a worker read {small_read:,} bytes of a {small_built.counts['rows']}-row split and {large_read:,} of a {large_built.counts['rows']}-row one"
+    for summary, built in ((small_summary, small_built), (large_summary, large_built)):
+        rows = np.load(Path(built.path) / "train.rows.npy")
+        exact = float((rows[:, 1] - rows[:, 0]).sum()) / (len(rows) * 16)
+        assert summary["packing_efficiency"] == round(exact, 4)
+        assert json.loads((Path(built.path) / "meta.json").read_text())["train"]["packing_efficiency"] == round(exact, 4)
+
+
+def test_an_entry_built_before_packing_efficiency_was_recorded_gets_it_once(tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older cache entry lacks the packing efficiency: the first process to open it (the
+    command, before the workers) computes it and writes it into meta.json; later ones read it."""
+    tok = _tokenizer(model_dir)
+    cfg = _cfg(tmp_path, [_corpus(tmp_path / "train.jsonl", 300)])
+    built = prepare_data(cfg, tok)
+    meta_file = Path(built.path) / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    expected = meta["train"].pop("packing_efficiency")
+    assert expected is not None and 0 < expected <= 1
+    meta_file.write_text(json.dumps(meta))
+    assert prepare_data(cfg, tok).summary()["packing_efficiency"] == expected  # the command's open upgrades the entry
+    assert json.loads(meta_file.read_text())["train"]["packing_efficiency"] == expected
+    read, summary = _bytes_read_opening(monkeypatch, cfg, tok)
+    assert summary["packing_efficiency"] == expected
+    rows_bytes = (Path(built.path) / "train.rows.npy").stat().st_size
+    assert read < rows_bytes / 4, "a worker after the command reads no rows file to summarise"

@@ -57,7 +57,8 @@ class PreparedData:
     kind: str
     packing: bool | str
     #: counts of the training split (documents, tokens, loss_tokens, truncated, dropped, empty, rows)
-    counts: dict[str, int]
+    #: and its packing_efficiency, as meta.json records them
+    counts: dict[str, Any]
     max_token: int
     #: "hit", "built" or "none" (the demo corpus is made in memory)
     cache: str = "none"
@@ -69,10 +70,14 @@ class PreparedData:
     seq_len: int | None = None
 
     def packing_efficiency(self) -> float | None:
-        """Packed rows' real tokens over their ``seq_len`` slots (None: rows not packed)."""
+        """Packed rows' real tokens over their ``seq_len`` slots (None: rows not packed). Read
+        from the cache entry's ``meta.json``, where it is computed once when the entry is built:
+        a worker that summarises its data reads nothing that grows with the corpus."""
         if not self.packing or self.seq_len is None:
             return None
-        return pack.fill(np.asarray(self.train.rows), self.seq_len)
+        if "packing_efficiency" in self.counts:
+            return self.counts["packing_efficiency"]
+        return pack.fill(self.train.rows, self.seq_len)  # (a read-only entry built before: bounded reads)
 
     def summary(self) -> dict[str, Any]:
         efficiency = self.packing_efficiency()
@@ -166,6 +171,7 @@ def _build(cfg: DataConfig, tokenizer: Any, root: Path, key: str, num_proc: int)
             meta[name] = build.write_split(table, name, work, dtype, _rows_maker(cfg, kind), best_fit=best_fit)
             meta[name]["files"] = sorted(p.name for p in work.glob(f"{name}.*.npy"))  # what verify_entry expects
             meta[name]["digest"] = split_digest(work, meta[name]["files"])
+            meta[name]["packing_efficiency"] = _efficiency(work, name, meta)
             del table
         meta["build_s"] = round(time.perf_counter() - t0, 3)
         meta["created"] = time.time()
@@ -203,13 +209,26 @@ def split_digest(entry: Path, files: list[str]) -> str:
     return digest.hexdigest()
 
 
-def _with_digests(entry: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """``meta`` with each split's digest; an entry built before digests gets them now (written
-    back atomically, once)."""
+def _efficiency(entry: Path, name: str, meta: dict[str, Any]) -> float | None:
+    """A split's packing efficiency (rounded as ``run.json`` reports it), None where rows are not
+    packed: computed from its rows file a chunk at a time."""
+    if not meta.get("packing") or not meta.get("seq_len"):
+        return None
+    value = pack.fill(build.open_split(entry, name).rows, int(meta["seq_len"]))
+    return None if value is None else round(value, 4)
+
+
+def _upgraded(entry: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with each split's digest and the training split's packing efficiency; an entry
+    built before either gets it now (written back atomically, once: the command that launches
+    the workers opens the entry first, so the workers find it written)."""
     missing = [name for name in ("train", "eval") if name in meta and "digest" not in meta[name]]
     for name in missing:
         files = meta[name].get("files") or sorted(p.name for p in entry.glob(f"{name}.*.npy"))
         meta[name]["digest"] = split_digest(entry, files)
+    if "packing_efficiency" not in meta["train"]:
+        meta["train"]["packing_efficiency"] = _efficiency(entry, "train", meta)
+        missing.append("train")
     if missing:
         with contextlib.suppress(OSError):  # a read-only shared cache: computed again next time
             replace_file(entry / "meta.json", json.dumps(meta, indent=2).encode())
@@ -294,7 +313,7 @@ def prepare_data(cfg: DataConfig, tokenizer: Any, since: float | None = None) ->
         except OSError as exc:
             raise UserError(f"cannot write the data cache in {str(root)!r}: {exc}", where="data.cache_dir", hint="set data.cache_dir to a writable directory") from None
         status = "built"
-    meta = _with_digests(entry, json.loads((entry / "meta.json").read_text()))
+    meta = _upgraded(entry, json.loads((entry / "meta.json").read_text()))
     if since is not None and meta.get("created", 0) >= since:
         status = "built"
     train = build.open_split(entry, "train")
@@ -311,6 +330,7 @@ def demo_data(cfg: DataConfig) -> PreparedData:
     ids = np.frombuffer(demo_text_bytes(cfg.demo_max_bytes), dtype=np.uint8).astype(np.uint16)
     split = build.in_memory_split(ids, cfg.seq_len)
     counts = {"documents": 1, "tokens": len(ids), "loss_tokens": len(split) * cfg.seq_len, "truncated": 0, "dropped": 0, "empty": 0, "rows": len(split)}
+    counts["packing_efficiency"] = None if not len(split) else 1.0  # the stream cut every seq_len tokens: every row full
     return _check_rows(PreparedData(split, None, "text", True, counts, int(ids.max()) if len(ids) else 0, seq_len=cfg.seq_len), cfg)
 
 

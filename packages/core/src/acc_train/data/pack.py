@@ -15,6 +15,8 @@ stream, at most ``seq_len`` tokens:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["text_rows", "packed_rows", "single_rows", "best_fit", "rows_of", "inner_starts", "loss_tokens", "fill"]
@@ -112,12 +114,18 @@ def rows_of(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.stack([bounds[:-1], bounds[1:]], axis=1) if len(counts) else np.zeros((0, 2), dtype=np.int64)
 
 
-def fill(rows: np.ndarray, seq_len: int) -> float | None:
-    """Packing efficiency: the rows' real tokens over their ``seq_len`` slots (None: no rows)."""
-    rows = np.asarray(rows, dtype=np.int64)
-    if not len(rows):
+def fill(rows: Any, seq_len: int, chunk: int = 1 << 20) -> float | None:
+    """Packing efficiency: the rows' real tokens over their ``seq_len`` slots (None: no rows).
+    ``rows``: an array or a :class:`~acc_train.data.npyfile.NpyFile`, read ``chunk`` rows at a
+    time so that the memory it takes does not grow with the corpus."""
+    n = len(rows)
+    if not n:
         return None
-    return float((rows[:, 1] - rows[:, 0]).sum()) / (len(rows) * seq_len)
+    real = 0
+    for begin in range(0, n, chunk):
+        part = np.asarray(rows[begin : begin + chunk], dtype=np.int64)
+        real += int((part[:, 1] - part[:, 0]).sum())
+    return real / (n * seq_len)
 
 
 def inner_starts(starts: np.ndarray, begin: int, end: int) -> np.ndarray:
