@@ -20,7 +20,9 @@ library's own checks that its hand-written loop makes as well:
 
 On the loop before issue 32 the ddp case fails, naming ``loop/loss.py`` (the token counts),
 ``loop/loop.py`` (the stop flags and the loss) and ``transformers/masking_utils.py`` (the packed
-boundaries inferred from the position ids on every forward).
+boundaries inferred from the position ids on every forward). Before issue 41 the demo job and
+padded rows still failed in ``transformers/masking_utils.py``: transformers' own position ids
+checked for restarts, and the padding mask checked for padding, on every forward.
 
 The ``gpu``-marked test does the same on a GPU with ``torch.cuda.set_sync_debug_mode("error")``,
 where every synchronizing call raises.
@@ -123,9 +125,14 @@ def unexplained(sites: list[str]) -> list[str]:
     return [s for s in sites if not any(a in s.split(" <- ")[0] for a in ALLOWED)]
 
 
-def probed_run(tmp_path: Path, model: Path, data: dict[str, Path], *args: str, cuda_error: bool = False) -> tuple[Path, dict[int, list[str]]]:
+#: the built-in demo job, small: continuous text whose rows never restart (no position ids, no mask)
+DEMO_JOB = ("--set", "data.seq_len=32", "--set", "data.demo_max_bytes=60000", "--micro-batch-size", "4", "--mixed-precision", "no", "--set", "training.progress_bar=false")
+
+
+def probed_run(tmp_path: Path, model: Path | None, data: dict[str, Path] | None, *args: str, cuda_error: bool = False) -> tuple[Path, dict[int, list[str]]]:
     """A 12-step run with the probe over steps 2-9 (``read_every`` is 10 and nothing evaluates
-    or saves before step 10): its output directory and each rank's reads."""
+    or saves before step 10): its output directory and each rank's reads. Without a model and
+    data: the demo job."""
     probe = install_probe(tmp_path / "probe")
     reads = tmp_path / "reads"
     reads.mkdir()
@@ -136,7 +143,9 @@ def probed_run(tmp_path: Path, model: Path, data: dict[str, Path], *args: str, c
         **({"HOST_READS_CUDA_ERROR": "1"} if cuda_error else {}),
     }
     out = tmp_path / "run"
-    proc = run_cli(*tiny_job_args(model, data, out, "--max-steps", "12", "--set", "checkpoint.every=0", "--set", "training.eval_every=0", *args), env=env)
+    steps = ("--max-steps", "12", "--set", "checkpoint.every=0", "--set", "training.eval_every=0")
+    job = tiny_job_args(model, data, out, *steps, *args) if model is not None and data is not None else [*DEMO_JOB, "--output-dir", str(out), *steps, *args]
+    proc = run_cli(*job, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     sites = {int(f.stem.split("-")[1]): json.loads(f.read_text()) for f in reads.glob("rank-*.json")}
     return out, sites
@@ -166,4 +175,19 @@ def test_steps_that_neither_log_evaluate_nor_save_never_synchronize_the_gpu(stra
     synchronizes under zero3 in any loop, so zero3 is counted by the CPU test only)."""
     out, sites = probed_run(tmp_path, tiny_model_dir, tiny_data, "--strategy", strategy, "--num-processes", "1", cuda_error=True)
     assert unexplained(sites[0]) == []
+    assert_rows_for_every_step(out, 12)
+
+
+@pytest.mark.parametrize("job", ["demo", "padded"])
+def test_the_demo_and_padded_rows_read_nothing_back(job: str, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
+    """Issue 41: the demo's rows never restart, so the loop gives no position ids; transformers 5
+    then made its own and checked on every forward whether they restart
+    (``masking_utils.find_packed_sequence_indices``); padded rows (``data.packing=false``) were
+    checked for padding. One process: the reads are per forward, whatever the world size."""
+    if job == "demo":
+        out, sites = probed_run(tmp_path, None, None, "--strategy", "ddp", "--num-processes", "1")
+    else:
+        out, sites = probed_run(tmp_path, tiny_model_dir, tiny_data, "--strategy", "ddp", "--num-processes", "1", "--set", "data.packing=false")
+    assert sorted(sites) == [0]
+    assert unexplained(sites[0]) == [], f"the {job} job read the device back on steps 2-9 at: {sorted(set(unexplained(sites[0])))}"
     assert_rows_for_every_step(out, 12)

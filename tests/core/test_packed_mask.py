@@ -100,3 +100,66 @@ def test_boundaries_are_left_to_transformers_where_a_single_mask_cannot_say_them
 
     cfg = SimpleNamespace(_attn_implementation=attn, sliding_window=config.get("sliding_window"), layer_types=config.get("layer_types"))
     assert packed_mask_kind(SimpleNamespace(config=cfg)) is None
+
+
+def _device_reads(fn):  # type: ignore[no-untyped-def]
+    """``fn()``'s result and the places it read a tensor's value back (``item``, ``bool``, ...)."""
+    import traceback
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sites: list[str] = []
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.ops.aten._local_scalar_dense.default:
+                outside = [f for f in traceback.extract_stack() if "/torch/" not in f.filename]
+                sites.append(f"{outside[-1].filename}:{outside[-1].lineno}")
+            return func(*args, **(kwargs or {}))
+
+    with Reads():
+        out = fn()
+    return out, sites
+
+
+def _batches():  # type: ignore[no-untyped-def]
+    """The three shapes of a training batch: rows that never restart (the demo, continuous text:
+    no position ids, no mask), packed rows whose examples restart, and rows padded per batch."""
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 64, (2, 12), generator=g)
+    _, packed_ids, positions = packed_row()
+    padded = {"input_ids": ids.clone(), "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}
+    padded["attention_mask"][1, 7:] = 0
+    padded["input_ids"][1, 7:] = 0
+    padded["labels"][1, 7:] = -100
+    return {
+        "continuous": {"input_ids": ids, "labels": ids},
+        "packed": {"input_ids": packed_ids, "labels": packed_ids, "position_ids": positions},
+        "padded": padded,
+    }
+
+
+@pytest.mark.parametrize("shape", ["continuous", "packed", "padded"])
+def test_the_training_forward_reads_nothing_back_and_keeps_the_loss(shape: str) -> None:
+    """Issue 41: transformers 5 makes position ids for a row given none and, with no mask, reads
+    the device on every forward to ask whether they restart; for padded rows, whether any token
+    is padding. The loop's forward runs SDPA with every mask given (none for rows that never
+    restart: SDPA's causal kernel) and reads nothing, with the loss transformers computes."""
+    import torch
+
+    model = tiny_llama("sdpa")
+    batch = _batches()[shape]
+    (plain, _), plain_reads = _device_reads(lambda: _token_losses(model, batch, packed_mask_kind(model)))
+    if shape != "packed":  # (packed rows already had their mask given)
+        assert plain_reads, "transformers' own mask path reads the device (if this fails, transformers changed: the switch may be unneeded)"
+    with torch.no_grad():
+        (summed, count), reads = _device_reads(lambda: _token_losses(model, batch, packed_mask_kind(model), model.config))
+    assert reads == []
+    torch.testing.assert_close(summed, plain.detach(), atol=1e-5, rtol=1e-5)
+    assert model.config._attn_implementation == "sdpa", "generation and save_pretrained see the model's own implementation"
+    # what transformers computes from the labels, for the same rows
+    expected = model(**batch, use_cache=False).loss * (batch["labels"][:, 1:] != -100).sum()
+    torch.testing.assert_close(summed, expected.detach(), atol=1e-4, rtol=1e-5)

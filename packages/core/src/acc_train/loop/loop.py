@@ -95,9 +95,9 @@ class LoopResult:
     tokens: int = 0
 
 
-def evaluate(accelerator: Any, model: Any, eval_dl: Any, mask: str | None = None) -> float:
+def evaluate(accelerator: Any, model: Any, eval_dl: Any, mask: str | None = None, config: Any = None) -> float:
     """Mean loss per token over the evaluation loader, all ranks together."""
-    return eval_loss(accelerator, model, eval_dl, mask)
+    return eval_loss(accelerator, model, eval_dl, mask, config)
 
 
 def run_loop(inputs: LoopInputs) -> LoopResult:
@@ -119,6 +119,8 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     clipping = bool(t_cfg.max_grad_norm)
     parameters = list(model.parameters())  # walked once, not at every clip
     mask = packed_mask_kind(accelerator.unwrap_model(model))
+    # SDPA over full attention: the forward's masks all given by the loop, none checked on the device
+    attention_config = getattr(accelerator.unwrap_model(model), "config", None) if mask == "bool" else None
     meter = run.model_state_meter
     ledger = StepLedger(accelerator)
     agreement = StopAgreement(inputs.stop) if inputs.stop is not None else None
@@ -182,7 +184,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                     result.first_batch_at = time.time()
                 with accelerator.accumulate(model):
                     with sequence_shards(accelerator, batch) as part:  # (this rank's part of each row under context parallelism)
-                        loss = token_loss(model, part, step_tokens, mask)  # this micro-batch's share of the step's per-token mean
+                        loss = token_loss(model, part, step_tokens, mask, attention_config)  # this micro-batch's share of the step's per-token mean
                         # strategies average gradients over ranks and divide them by the accumulation steps
                         accelerator.backward(loss * loss_parts * t_cfg.gradient_accumulation_steps)
                     grad_norm = None
@@ -218,7 +220,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                 if reads_at(state.step) or stop_signal is not None:
                     log_rows(ledger.read())
                 if evaluating(state.step) and inputs.eval_dl is not None:
-                    result.eval_loss = evaluate(accelerator, model, inputs.eval_dl, mask)
+                    result.eval_loss = evaluate(accelerator, model, inputs.eval_dl, mask, attention_config)
                     call_lifecycle("acc_train_eval_end", run=run, step=state.step, metrics={"step": state.step, "eval_loss": result.eval_loss})
                 if evaluating(state.step):
                     samples.at_evaluation(state.step)

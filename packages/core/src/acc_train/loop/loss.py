@@ -18,13 +18,14 @@ rank's sum is its part of the batch's, so the step's loss is the sum over the gr
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+import contextlib
 from contextlib import contextmanager
 from typing import Any
 
 from acc_train.data.rows import IGNORE_INDEX, REAL_TOKENS, real_tokens
 from acc_train.errors import UserError
 
-__all__ = ["SHIFTED_LABELS", "EXPLICIT_MASKS", "step_windows", "sequence_shards", "token_loss", "eval_loss", "packed_mask_kind", "is_flash"]
+__all__ = ["SHIFTED_LABELS", "EXPLICIT_MASKS", "CAUSAL_SDPA", "step_windows", "sequence_shards", "token_loss", "eval_loss", "packed_mask_kind", "is_flash"]
 
 #: a batch's labels already shifted by one (the label of each position's next token), set by
 #: :func:`sequence_shards`; the model never sees them
@@ -150,17 +151,63 @@ def _packed_mask(positions: Any, kind: str, dtype: Any) -> Any:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
-def _token_losses(model: Any, batch: dict[str, Any], mask: str | None = None) -> tuple[Any, Any]:
+def _padded_mask(attention_mask: Any) -> Any:
+    """The causal mask of rows padded per batch, ``(batch, 1, seq, seq)`` booleans, from their
+    2-d attention mask (1: a real token): what transformers builds from it, without asking the
+    device whether any row is padded. Rows are padded on the right, so every query keeps at
+    least its row's first token."""
+    import torch
+
+    n = attention_mask.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=attention_mask.device).tril()
+    return (causal[None] & attention_mask.bool()[:, None, :])[:, None]
+
+
+#: the attention implementation the loop's forward runs under when the model's is ``sdpa``:
+#: transformers' own SDPA kernel, registered with ``AttentionInterface`` and with no mask
+#: function (``AttentionMaskInterface``), so transformers builds no mask and checks nothing:
+#: the loop hands every mask a batch needs (packed rows, padded rows) as a 4-d tensor, and a
+#: batch that needs none runs SDPA's ``is_causal`` kernel
+CAUSAL_SDPA = "acc_train_causal_sdpa"
+
+
+@contextlib.contextmanager
+def _causal_sdpa(config: Any) -> Iterator[None]:
+    """The model's forward under :data:`CAUSAL_SDPA` (its config's own value restored after:
+    generation and saving see ``sdpa``). Without it, transformers 5 makes position ids for a row
+    given none and, with no attention mask, reads the device on every forward to ask whether they
+    restart (``masking_utils.find_packed_sequence_indices``); for padded rows it reads whether
+    any token is padding (``_ignore_causal_mask_sdpa``)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if CAUSAL_SDPA not in AttentionInterface._global_mapping:
+        AttentionInterface.register(CAUSAL_SDPA, sdpa_attention_forward)
+    before = config._attn_implementation_internal  # this config only: its layers hold it
+    config._attn_implementation_internal = CAUSAL_SDPA
+    try:
+        yield
+    finally:
+        config._attn_implementation_internal = before
+
+
+def _token_losses(model: Any, batch: dict[str, Any], mask: str | None = None, config: Any = None) -> tuple[Any, Any]:
     """(sum of the batch's token losses, their number); the model runs without labels and
     without a KV cache (with one, transformers does not build the packed rows' mask). ``mask``
-    (:func:`packed_mask_kind`): a packed batch's boundaries given as an explicit mask."""
+    (:func:`packed_mask_kind`): a packed batch's boundaries given as an explicit mask. ``config``
+    (the unwrapped model's, for ``mask == "bool"``: SDPA over full attention): the forward runs
+    under :data:`CAUSAL_SDPA`, every mask given here, so nothing is read back."""
     import torch
     import torch.nn.functional as F
 
     inputs = {k: v for k, v in batch.items() if k not in ("labels", SHIFTED_LABELS, REAL_TOKENS)}
     if mask in EXPLICIT_MASKS.values() and "position_ids" in inputs and "attention_mask" not in inputs and SHIFTED_LABELS not in batch:
         inputs["attention_mask"] = _packed_mask(inputs["position_ids"], mask, torch.float32)
-    logits = model(**inputs, use_cache=False).logits
+    causal = mask == "bool" and config is not None and SHIFTED_LABELS not in batch  # (context parallelism: its ring attention as before)
+    if causal and "attention_mask" in inputs and inputs["attention_mask"].ndim == 2:
+        inputs["attention_mask"] = _padded_mask(inputs["attention_mask"])
+    with _causal_sdpa(config) if causal else contextlib.nullcontext():
+        logits = model(**inputs, use_cache=False).logits
     if SHIFTED_LABELS in batch:  # this rank's part of each row, labels shifted before the cut
         labels = batch[SHIFTED_LABELS].reshape(-1)
     else:
@@ -169,13 +216,13 @@ def _token_losses(model: Any, batch: dict[str, Any], mask: str | None = None) ->
     return summed, (labels != IGNORE_INDEX).sum()
 
 
-def token_loss(model: Any, batch: dict[str, Any], step_tokens: Any, mask: str | None = None) -> Any:
+def token_loss(model: Any, batch: dict[str, Any], step_tokens: Any, mask: str | None = None, config: Any = None) -> Any:
     """This micro-batch's share of the step's per-token mean loss."""
-    summed, _ = _token_losses(model, batch, mask)
+    summed, _ = _token_losses(model, batch, mask, config)
     return summed / step_tokens
 
 
-def eval_loss(accelerator: Any, model: Any, eval_dl: Any, mask: str | None = None) -> float:
+def eval_loss(accelerator: Any, model: Any, eval_dl: Any, mask: str | None = None, config: Any = None) -> float:
     """Mean loss per token over the evaluation loader, all ranks together."""
     import torch
 
@@ -185,7 +232,7 @@ def eval_loss(accelerator: Any, model: Any, eval_dl: Any, mask: str | None = Non
     with torch.no_grad():
         for batch in eval_dl:
             with sequence_shards(accelerator, batch) as part:  # a cp rank counts its part of the rows
-                summed, n = _token_losses(model, part, mask)
+                summed, n = _token_losses(model, part, mask, config)
             total += summed.float()
             count += n.to(count.device)
     model.train()
