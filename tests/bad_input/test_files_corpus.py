@@ -170,7 +170,8 @@ report_case("metrics-harness-a-string", ["metrics.jsonl", "line 3", "harness"], 
 report_case("run-json-a-list", ["run.json"], run_json="[1, 2]")
 report_case("run-json-harness-score-a-string", ["run.json", "harness.t.acc"], run_json=RUN_JSON.replace("{", '{"harness": {"t": {"acc": "x"}}, ', 1))
 report_case("run-json-harness-task-a-number", ["run.json", "harness.t"], run_json=RUN_JSON.replace("{", '{"harness": {"t": 5}, ', 1))
-report_case("run-json-mfu-basis-peak-a-string", ["run.json", "mfu_basis.peak_flops"], run_json=RUN_JSON.replace("{", '{"mfu": 0.1, "mfu_basis": {"peak_flops": "1e12"}, ', 1))
+BAD_BASIS = '{"mfu": 0.1, "mfu_basis": {"peak_flops": "1e12"}, '
+report_case("run-json-mfu-basis-peak-a-string", ["run.json", "mfu_basis.peak_flops"], run_json=RUN_JSON.replace("{", BAD_BASIS, 1))
 report_case("run-json-binary", ["run.json"], run_json=b"\xff\xd8\xff\xe0 jpeg")
 report_case("run-json-not-json", ["run.json"], run_json="{strategy: ddp")
 report_case("run-json-elapsed-a-string", ["run.json", "elapsed_s"], run_json=RUN_JSON.replace('"elapsed_s": 2.0', '"elapsed_s": "long"'))

@@ -41,7 +41,9 @@ json_values = st.recursive(
     json_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12
 )
 #: ``{task: {metric: value}}`` (eval.harness_tasks' scores), or something near it at any depth
-harness_like = st.dictionaries(st.sampled_from(["t", "u"]), st.dictionaries(st.sampled_from(["acc", "acc_stderr"]), json_scalars, max_size=2) | json_values, max_size=2)
+harness_like = st.dictionaries(
+    st.sampled_from(["t", "u"]), st.dictionaries(st.sampled_from(["acc", "acc_stderr"]), json_scalars, max_size=2) | json_values, max_size=2
+)
 #: objects that look like rows: known field names with values of any type, and extras
 row_like = st.dictionaries(st.sampled_from(ROW_FIELDS) | st.text(max_size=6), json_values, max_size=9) | st.fixed_dictionaries(
     {"step": st.integers(0, 3), "harness": harness_like}
@@ -50,7 +52,13 @@ summary_like = st.dictionaries(
     st.sampled_from(["strategy", "distributed_type", "world_size", "steps", "start_step", "tokens_per_s", "final_loss", "elapsed_s", "mfu", "harness_step"]),
     json_values,
     max_size=8,
-) | st.fixed_dictionaries({"harness": harness_like, "mfu": json_scalars, "mfu_basis": st.dictionaries(st.sampled_from(["peak_flops", "flops_per_token", "precision"]), json_scalars, max_size=3) | json_values})
+) | st.fixed_dictionaries(
+    {
+        "harness": harness_like,
+        "mfu": json_scalars,
+        "mfu_basis": st.dictionaries(st.sampled_from(["peak_flops", "flops_per_token", "precision"]), json_scalars, max_size=3) | json_values,
+    }
+)
 some_bytes = st.binary(max_size=300)
 
 
