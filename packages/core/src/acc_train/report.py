@@ -84,6 +84,8 @@ def read_run(output_dir: str | Path) -> RunRecord:
 
 
 class _MfuBasis(BaseModel):
+    """``run.json``'s ``mfu_basis``: what the MFU row says it is measured against."""
+
     model_config = ConfigDict(strict=True, extra="allow")
 
     flops_per_token: float | None = None
