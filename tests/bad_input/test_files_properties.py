@@ -22,7 +22,7 @@ from acc_train.checkpoint.faults import FAULT_POINTS, Fault, parse_fault
 from acc_train.config import DataConfig
 from acc_train.data import check_data_files
 from acc_train.errors import UserError
-from acc_train.metrics import FIELD_TYPES, read_metrics
+from acc_train.metrics import ROW_FIELDS, read_metrics
 from acc_train.report import format_summary, read_configured_strategy, read_run, summary_rows
 from tests.bad_input.harness import assert_handled, run_acc_train
 
@@ -40,12 +40,24 @@ json_scalars = st.none() | st.booleans() | st.integers(min_value=-(2**70), max_v
 json_values = st.recursive(
     json_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12
 )
+#: ``{task: {metric: value}}`` (eval.harness_tasks' scores), or something near it at any depth
+harness_like = st.dictionaries(
+    st.sampled_from(["t", "u"]), st.dictionaries(st.sampled_from(["acc", "acc_stderr"]), json_scalars, max_size=2) | json_values, max_size=2
+)
 #: objects that look like rows: known field names with values of any type, and extras
-row_like = st.dictionaries(st.sampled_from(sorted(FIELD_TYPES)) | st.text(max_size=6), json_values, max_size=9)
+row_like = st.dictionaries(st.sampled_from(ROW_FIELDS) | st.text(max_size=6), json_values, max_size=9) | st.fixed_dictionaries(
+    {"step": st.integers(0, 3), "harness": harness_like}
+)
 summary_like = st.dictionaries(
-    st.sampled_from(["strategy", "distributed_type", "world_size", "steps", "start_step", "tokens_per_s", "final_loss", "elapsed_s"]),
+    st.sampled_from(["strategy", "distributed_type", "world_size", "steps", "start_step", "tokens_per_s", "final_loss", "elapsed_s", "mfu", "harness_step"]),
     json_values,
     max_size=8,
+) | st.fixed_dictionaries(
+    {
+        "harness": harness_like,
+        "mfu": json_scalars,
+        "mfu_basis": st.dictionaries(st.sampled_from(["peak_flops", "flops_per_token", "precision"]), json_scalars, max_size=3) | json_values,
+    }
 )
 some_bytes = st.binary(max_size=300)
 
@@ -72,9 +84,12 @@ def _run_dir(tmp: Path, metrics: bytes, run_json: bytes | None = None, config: b
 
 
 def _report(run: Path) -> None:
+    """What `acc-train report` does with a run's files, and what a tracker is handed of each row."""
     record = read_run(run)
     format_summary(record)
     summary_rows(record)
+    for row in record.steps + record.evals:
+        assert all(isinstance(v, (int, float)) for v in row.numbers().values()), row
 
 
 # --- metrics.jsonl, run.json and config.yaml, as `acc-train report` reads them -------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,3 +93,83 @@ def test_a_damaged_latest_pointer_shows_the_checkpoint_resume_auto_finds(ddp_run
     proc = run_cli("report", str(out), "--no-png")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary_of(proc.stdout)["checkpoints"] == "step-000010 (step 10), step-000020 (step 20, latest)"
+
+
+def report_in_process(out: Path, *args: str) -> Any:
+    """``acc-train report OUT ARGS`` in this process (click's runner), as the command runs it."""
+    from click.testing import CliRunner
+
+    from acc_train_cli.main import cli
+
+    return CliRunner().invoke(cli, ["report", str(out), *args])
+
+
+def append_rows(out: Path, *rows: dict) -> None:
+    """Add rows to a fake run's metrics.jsonl before its last line, the one cut short (lines
+    34, 35, ...: the run logged 33 whole lines)."""
+    path = out / "metrics.jsonl"
+    whole, _, cut = path.read_text().rpartition("\n")
+    path.write_text(whole + "\n" + "".join(json.dumps(r) + "\n" for r in rows) + cut)
+
+
+HARNESS_ROW = {"step": 30, "harness": {"hellaswag": {"acc": 0.25, "acc_norm": 0.5}}}
+
+
+@pytest.mark.parametrize(
+    ("bad", "key"),
+    [
+        ({"step": 30, "harness": {"t": {"acc": "x"}}}, "`harness.t.acc` must be a number"),  # crashed the summary's history
+        ({"step": 30, "harness": {"t": 5}}, "`harness.t` must be an object"),  # crashed MetricsRow.numbers()
+        ({"step": 30, "harness": [1, 2]}, "`harness` must be an object"),
+        ({"step": 30, "harness": {"t": {"acc": True}}}, "`harness.t.acc` must be a number"),
+    ],
+    ids=["score-a-string", "task-a-number", "harness-a-list", "score-a-bool"],
+)
+def test_a_damaged_harness_row_is_exit_2_naming_file_line_and_key(tmp_path: Path, bad: dict, key: str) -> None:
+    """A harness row of the wrong shape at any depth is refused where it is read, naming the file,
+    the line and the key, so neither the summary nor a tracker meets a score that is not a number."""
+    from acc_train.errors import UserError
+    from acc_train.metrics import read_metrics
+
+    out = fake_run(tmp_path / "run")
+    append_rows(out, bad, bad, HARNESS_ROW)
+    with pytest.raises(UserError) as caught:
+        read_metrics(out)
+    assert caught.value.where == str(out / "metrics.jsonl") and caught.value.message.startswith(f"line 34: {key}")
+    result = report_in_process(out, "--no-png")
+    assert result.exit_code == 2, result.output[-3000:]
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # a message, not a traceback
+    assert f"error: {out / 'metrics.jsonl'}: line 34: {key}" in result.output
+
+
+def test_harness_scores_are_shown_with_their_history(tmp_path: Path) -> None:
+    out = fake_run(tmp_path / "run")
+    later = {"step": 30, "harness": {"hellaswag": {"acc": 0.5, "acc_stderr": 0.1}}}
+    append_rows(out, HARNESS_ROW, later)
+    result = report_in_process(out, "--no-png")
+    assert result.exit_code == 0, result.output[-3000:]
+    assert summary_of(result.output)["harness hellaswag"] == "acc 0.5000 (step 30); acc by evaluation: 0.2500 -> 0.5000"
+    from acc_train.metrics import read_metrics
+
+    assert read_metrics(out).evals[-1].numbers() == {"harness/hellaswag/acc": 0.5, "harness/hellaswag/acc_stderr": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"harness": {"t": {"acc": "x"}}, "harness_step": 30}, "`harness.t.acc` must be a number"),
+        ({"harness": {"t": 5}}, "`harness.t` must be an object"),
+        ({"harness_step": "30"}, "`harness_step` must be an integer"),
+        ({"mfu_basis": {"peak_flops": "3e11", "flops_per_token": 9e6}}, "`mfu_basis.peak_flops` must be a number"),
+        ({"mfu_basis": [1]}, "`mfu_basis`"),
+        ({"world_size": 2.0}, "`world_size` must be an integer"),
+    ],
+    ids=["harness-score-a-string", "harness-task-a-number", "harness-step-a-string", "peak-flops-a-string", "mfu-basis-a-list", "world-size-a-float"],
+)
+def test_a_damaged_run_json_is_exit_2_naming_file_and_key(tmp_path: Path, change: dict, key: str) -> None:
+    out = fake_run(tmp_path / "run")
+    summary = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**summary, **change}, indent=2))
+    result = report_in_process(out, "--no-png")
+    assert result.exit_code == 2, result.output[-3000:]
+    assert f"error: {out / 'run.json'}: {key}" in result.output

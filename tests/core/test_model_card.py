@@ -18,3 +18,36 @@ def test_the_base_model_is_a_hub_id_or_none(tmp_path: Path) -> None:
     (downloaded / "config.json").write_text(json.dumps({"_name_or_path": str(tmp_path / "elsewhere")}))
     assert base_model_id(str(downloaded)) is None  # a local model of unknown origin
     assert base_model_id(str(tmp_path / "missing" / "dir")) is None
+
+
+def test_a_bare_hub_id_is_a_base_model_and_a_path_is_not(tmp_path: Path) -> None:
+    """The Hub's own rule (``validate_repo_id``): ``gpt2`` is a repository, as transformers loads it."""
+    assert base_model_id("gpt2") == "gpt2" and base_model_id("openai-community/gpt2") == "openai-community/gpt2"
+    for not_an_id in ("./gpt2", "~/models/gpt2", "org/name/sub", "a model", "org--name/x"):
+        assert base_model_id(not_an_id) is None, not_an_id
+    downloaded = tmp_path / "gpt2-copy"
+    downloaded.mkdir()
+    (downloaded / "config.json").write_text(json.dumps({"_name_or_path": "gpt2"}))
+    assert base_model_id(str(downloaded)) == "gpt2"
+
+
+def test_harness_scores_are_the_cards_model_index(tmp_path: Path) -> None:
+    """The run's last lm-evaluation-harness scores are ``model-index`` results the Hub reads
+    (``huggingface_hub``'s ``EvalResult``), one per task and metric, standard errors left out."""
+    from huggingface_hub import ModelCard
+
+    from acc_train.config import JobConfig
+    from acc_train.model_card import model_card
+
+    config = JobConfig.model_validate({"model": {"name_or_path": "gpt2"}, "output_dir": str(tmp_path / "my-run")})
+    harness = {"hellaswag": {"acc": 0.25, "acc_stderr": 0.01}, "gsm8k": {"exact_match/strict-match": 0.5}}
+    summary = {"strategy": "ddp", "steps": 4, "final_loss": 2.0, "harness": harness, "harness_step": 4}
+    (tmp_path / "README.md").write_text(model_card("strategy: ddp\n", config, summary, adapter=False))
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.data.base_model == "gpt2" and card.data.model_name == "my-run"
+    got = {(r.dataset_name, r.metric_type): r.metric_value for r in card.data.eval_results}
+    assert got == {("hellaswag", "acc"): 0.25, ("gsm8k", "exact_match/strict-match"): 0.5}
+    assert all(r.task_type == "text-generation" for r in card.data.eval_results)
+    assert "| benchmarks | lm-evaluation-harness after step 4: hellaswag acc 0.2500; gsm8k exact_match/strict-match 0.5000 |" in card.text
+    no_scores = model_card("strategy: ddp\n", config, {**summary, "harness": None}, adapter=False)
+    assert "model-index" not in no_scores

@@ -2,21 +2,22 @@
 ``final/`` (a full model, or LoRA adapters on their base), from any checkpoint whatever strategy
 and world size wrote it (its portable state, adapters applied), or from a ``save_pretrained``
 directory; the prompt is tokenized as training tokenized text (the run's tokenizer, bytes for
-the demo model), or with ``chat`` rendered by the tokenizer's chat template; tokens stream to
-the terminal as they are made. One process, on the GPU when there is one.
+the demo model), or with ``chat`` rendered by the tokenizer's chat template; the text streams to
+the terminal as it is made (``transformers.TextStreamer``: word by word, line by line). One
+process, on the GPU when there is one.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from acc_train.errors import UserError
 from acc_train.prompt_text import decode_tokens, encode_prompt
 
-__all__ = ["load_for_generation", "generate"]
+__all__ = ["load_for_generation", "generate", "text_stream"]
 
 
 def _is_model_dir(p: Path) -> bool:
@@ -80,6 +81,37 @@ def load_for_generation(path: str) -> tuple[Any, Any | None, str]:
     return model, tokenizer, source
 
 
+class _ByteText:
+    """The demo model's "tokenizer" as a streamer calls it: ids are bytes (:func:`decode_tokens`)."""
+
+    def decode(self, ids: int | Sequence[int], **_: Any) -> str:
+        return decode_tokens(None, [ids] if isinstance(ids, int) else ids)
+
+
+def text_stream(tokenizer: Any | None, emit: Callable[[str], None] | None) -> Any:
+    """A ``transformers.TextStreamer`` that hands its text to ``emit`` (None: keeps it to itself)
+    and keeps the new ids in ``made``. The streamer skips the prompt and holds text back until it
+    is final (a word, a line, a character whose bytes came in several tokens), so what is emitted
+    adds up to the decoded completion."""
+    from transformers import TextStreamer
+
+    class Stream(TextStreamer):
+        def __init__(self) -> None:
+            super().__init__(tokenizer if tokenizer is not None else _ByteText(), skip_prompt=True, skip_special_tokens=True)
+            self.made: list[int] = []
+
+        def put(self, value: Any) -> None:
+            if not self.next_tokens_are_prompt:
+                self.made.extend(int(t) for t in value.reshape(-1).tolist())
+            super().put(value)
+
+        def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+            if emit is not None and text:
+                emit(text)
+
+    return Stream()
+
+
 def generate(
     model: Any,
     tokenizer: Any | None,
@@ -93,44 +125,16 @@ def generate(
     emit: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The completion of ``prompt`` (greedy when ``temperature`` is 0), each new piece of text
-    passed to ``emit`` as it is made; returns ``{"completion", "tokens", "tokens_per_s"}``."""
+    passed to ``emit`` as it is final (:func:`text_stream`); returns ``{"completion", "tokens", "tokens_per_s"}``."""
     import time
 
     import torch
-    from transformers.generation.streamers import BaseStreamer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device).eval()
     encoded = encode_prompt(tokenizer, prompt, where="--chat" if chat else "--prompt", chat=chat)
     ids = torch.tensor([encoded], dtype=torch.long, device=device)
-
-    class Stream(BaseStreamer):  # what generate makes, token by token (the prompt comes first: skipped)
-        def __init__(self) -> None:
-            self.made: list[int] = []
-            self.shown = ""
-            self.prompt_seen = False
-
-        def put(self, value: Any) -> None:
-            if not self.prompt_seen:
-                self.prompt_seen = True
-                return
-            self.made.extend(int(t) for t in value.reshape(-1).tolist())
-            self.flush(final=False)
-
-        def flush(self, final: bool) -> None:
-            """Emit what is new; a character split across tokens (decoded as U+FFFD so far)
-            waits for its next token, unless this is the end."""
-            text = decode_tokens(tokenizer, self.made)
-            if not final:
-                text = text.rstrip("\ufffd")
-            if emit is not None and text.startswith(self.shown) and len(text) > len(self.shown):
-                emit(text[len(self.shown) :])
-                self.shown = text
-
-        def end(self) -> None:
-            self.flush(final=True)
-
-    stream = Stream()
+    stream = text_stream(tokenizer, emit)
     torch.manual_seed(seed)
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
     eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None

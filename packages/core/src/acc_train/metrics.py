@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from acc_train.errors import UserError
 from acc_train.user_files import read_user_text
 
-__all__ = ["METRICS_FILE", "FIELD_TYPES", "MetricsRow", "RunMetrics", "parse_line", "read_metrics", "row_problem"]
+__all__ = ["METRICS_FILE", "ROW_FIELDS", "MetricsRow", "RunMetrics", "parse_line", "read_metrics", "row_problem", "shape_problem"]
 
 #: The file in a run's output directory.
 METRICS_FILE = "metrics.jsonl"
@@ -117,28 +119,45 @@ def parse_line(line: str) -> MetricsRow | None:
     return MetricsRow.from_dict(data)
 
 
-#: the type each known field of a row must have (None is always allowed but for ``step``)
-FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "step": (int,),
-    "epoch": (int,),
-    "tokens": (int,),
-    **{name: (int, float) for name in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s", "eval_loss")},
-    "harness": (dict,),
-}
+def _row_shape() -> type[BaseModel]:
+    """:class:`MetricsRow`'s fields as a strict pydantic model, so a line is checked at every
+    depth (``harness``'s scores too) against the one declaration of a row: ``"2.4"`` is not a
+    number, ``true`` is not a step; keys a plugin added are kept unchecked."""
+    hints = get_type_hints(MetricsRow)
+    known = {f.name: (hints[f.name], ... if f.default is MISSING else f.default) for f in fields(MetricsRow) if f.name != "extra"}
+    return create_model("MetricsRowShape", __config__=ConfigDict(strict=True, extra="allow"), **known)  # type: ignore[call-overload,no-any-return]
+
+
+_ROW_SHAPE = _row_shape()
+
+#: the fields of a row acc-train reads (the others are a plugin's, kept in ``MetricsRow.extra``)
+ROW_FIELDS: tuple[str, ...] = tuple(_ROW_SHAPE.model_fields)
+
+#: what pydantic's error types ask for, as a person says it
+_WANTED = {"int_type": "an integer", "float_type": "a number", "dict_type": "an object", "string_type": "a string", "bool_type": "true or false"}
+
+
+def shape_problem(exc: ValidationError) -> str:
+    """The first problem pydantic found, as a person reads it: the key at any depth (dotted:
+    ``harness.TASK.METRIC``), what it must be, and what the file holds."""
+    err = exc.errors()[0]
+    key = ".".join(str(part) for part in err["loc"]) or "the object"
+    if err["type"] == "missing":
+        return f"`{key}` is missing"
+    want = _WANTED.get(err["type"])
+    what = f"must be {want}" if want else err["msg"][0].lower() + err["msg"][1:]
+    return f"`{key}` {what}, not {json.dumps(err.get('input'))[:40]}"
 
 
 def row_problem(data: Any) -> str | None:
     """What is wrong with a parsed line as a row (None when it is a row): not an object, a
-    ``step`` that is not an integer, a known field of the wrong type."""
+    ``step`` that is not an integer, a known field of the wrong type at any depth."""
     if not isinstance(data, dict):
         return f"is a JSON {type(data).__name__}, not an object"
-    for name, kinds in FIELD_TYPES.items():
-        value = data.get(name)
-        if value is None and name != "step":
-            continue
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            want = "an integer" if kinds == (int,) else "an object" if kinds == (dict,) else "a number"
-            return f"`{name}` must be {want}, not {json.dumps(value)[:40] if name in data else 'missing'}"
+    try:
+        _ROW_SHAPE.model_validate(data)
+    except ValidationError as exc:
+        return shape_problem(exc)
     return None
 
 

@@ -1,6 +1,7 @@
 """``final/README.md``: a Hugging Face model card for what a run trained, as HF Trainer writes
 one into what it saves. The YAML metadata (``huggingface_hub``'s ``ModelCardData``) names the
-base model, the library that loads the directory and tags; the body says how it was trained:
+base model, the library that loads the directory and tags, and the run's lm-evaluation-harness
+scores as ``model-index`` results (``EvalResult``), which the Hub shows; the body says how it was trained:
 the strategy and world size, steps and tokens, the losses, the data files and the digest of
 what was read, and the job's config, so the directory explains itself wherever it is copied.
 """
@@ -17,7 +18,8 @@ __all__ = ["model_card", "checkpoint_summary", "base_model_id", "data_digest"]
 
 
 def base_model_id(name_or_path: str | None) -> str | None:
-    """The base model as the card's metadata names it: a hub id (``org/name``) as given, a local
+    """The base model as the card's metadata names it: a hub id (``org/name``, or a bare
+    ``gpt2``) as given, a local
     ``save_pretrained`` directory by the hub id its config records (``_name_or_path``) if that
     is one; None for the demo model or a local model of unknown origin."""
     if not name_or_path:
@@ -33,7 +35,18 @@ def base_model_id(name_or_path: str | None) -> str | None:
 
 
 def _hub_id(text: Any) -> bool:
-    return isinstance(text, str) and text.count("/") == 1 and not text.startswith((".", "/", "~")) and " " not in text
+    """Whether ``text`` is a name the Hub accepts as a repository id (its own rule, so ``gpt2``
+    is one and ``./model``, ``~/m`` or ``/abs/path`` are not)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if not isinstance(text, str):
+        return False
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
 
 
 def data_digest(summary: dict[str, Any]) -> str | None:
@@ -71,7 +84,8 @@ def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: 
     if summary.get("checkpoint"):
         return _checkpoint_card(config_yaml, config, summary, adapter)
     base = base_model_id(config.model.name_or_path)
-    data = _metadata(config, str(summary.get("strategy") or config.strategy["name"]), adapter)
+    harness = summary.get("harness")
+    data = _metadata(config, str(summary.get("strategy") or config.strategy["name"]), adapter, harness if isinstance(harness, dict) else None)
     data_section = summary.get("data") or {}
     files = list(config.data.train_files) or ["the demo text (the Python standard library's source)"]
     digest = data_digest(summary)
@@ -85,7 +99,6 @@ def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: 
         ("data", f"{', '.join(files)}; kind {data_section.get('kind')}, {data_section.get('documents')} examples, {data_section.get('rows')} rows of {config.data.seq_len} tokens"
                  + (f"; digest {digest}" if digest else "")),
     ]  # fmt: skip
-    harness = summary.get("harness")
     if isinstance(harness, dict) and harness:  # eval.harness_tasks: the last scores
         scores = "; ".join(f"{task} {metric} {value:.4f}" for task, metrics in harness.items() if isinstance(metrics, dict) for metric, value in metrics.items() if not metric.endswith("_stderr"))
         facts.append(("benchmarks", f"lm-evaluation-harness after step {summary.get('harness_step')}: {scores}"))
@@ -120,11 +133,22 @@ def _render(data: Any, title: str, intro: str, facts: list[tuple[str, Any]], con
     return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)
 
 
-def _metadata(config: Any, strategy: str, adapter: bool) -> Any:
-    from huggingface_hub import ModelCardData
+def _metadata(config: Any, strategy: str, adapter: bool, harness: dict[str, dict[str, float]] | None = None) -> Any:
+    """The card's YAML metadata; ``harness`` (``{task: {metric: value}}``, the run's last
+    ``eval.harness_tasks`` scores) becomes its ``model-index``, one result per task and metric
+    (standard errors left out: they qualify a score, they are not one)."""
+    from huggingface_hub import EvalResult, ModelCardData
 
     tags = ["acc-train", strategy, f"data-{config.data.kind}"] + (["lora"] if adapter else [])
-    return ModelCardData(base_model=base_model_id(config.model.name_or_path), library_name="peft" if adapter else "transformers", tags=tags, pipeline_tag="text-generation")
+    results = [
+        EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task, metric_type=metric, metric_value=value)
+        for task, metrics in (harness or {}).items() if isinstance(metrics, dict)
+        for metric, value in metrics.items() if not metric.endswith("_stderr")
+    ]  # fmt: skip
+    return ModelCardData(
+        base_model=base_model_id(config.model.name_or_path), library_name="peft" if adapter else "transformers", tags=tags,
+        pipeline_tag="text-generation", model_name=Path(config.output_dir).name if results else None, eval_results=results or None,
+    )  # fmt: skip
 
 
 def _checkpoint_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: bool) -> str:

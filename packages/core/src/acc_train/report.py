@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from acc_train.errors import UserError
-from acc_train.metrics import METRICS_FILE, MetricsRow, read_metrics
+from acc_train.metrics import METRICS_FILE, MetricsRow, read_metrics, shape_problem
 from acc_train.prompt_text import prompt_label
 from acc_train.samples_file import SAMPLES_FILE, read_samples
 from acc_train.user_files import read_user_json, read_user_text
@@ -81,29 +83,46 @@ def read_run(output_dir: str | Path) -> RunRecord:
     return record
 
 
-#: the type each field of ``run.json`` the report shows must have (None is allowed)
-SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
-    "strategy": (str,),
-    "distributed_type": (str,),
-    "world_size": (int,),
-    "steps": (int,),
-    "start_step": (int,),
-    "tokens_per_s": (int, float),
-    "mfu": (int, float),
-    "final_loss": (int, float),
-    "elapsed_s": (int, float),
-}
+class _MfuBasis(BaseModel):
+    """``run.json``'s ``mfu_basis``: what the MFU row says it is measured against."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    flops_per_token: float | None = None
+    peak_flops: float | None = None
+    precision: str | None = None
+
+
+class _Summary(BaseModel):
+    """The keys of ``run.json`` the report reads, by type at every depth (a harness score
+    too); the run's other keys are kept unchecked. None is allowed: an unfinished figure."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    strategy: str | None = None
+    distributed_type: str | None = None
+    world_size: int | None = None
+    steps: int | None = None
+    start_step: int | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    mfu_basis: _MfuBasis | None = None
+    final_loss: float | None = None
+    elapsed_s: float | None = None
+    #: eval.harness_tasks' last scores, ``{task: {metric: value}}``, and the step they were taken after
+    harness: dict[str, dict[str, float]] | None = None
+    harness_step: int | None = None
 
 
 def read_summary(path: Path) -> dict[str, Any]:
-    """``run.json``: a JSON object whose shown fields have their types, else a UserError."""
+    """``run.json``: a JSON object whose keys the report reads have their types, else a
+    UserError naming the file and the key."""
     hint = "run.json is written by a finished run; restore it, or remove it to report from metrics.jsonl"
     summary = read_user_json(path, what="run summary", kind=dict, hint=hint)
-    for key, kinds in SUMMARY_TYPES.items():
-        value = summary.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
-            want = {str: "a string", int: "an integer"}.get(kinds[0], "a number") if len(kinds) == 1 else "a number"
-            raise UserError(f"`{key}` must be {want}, not {json.dumps(value)[:40]}", where=str(path), hint=hint)
+    try:
+        _Summary.model_validate(summary)
+    except ValidationError as exc:
+        raise UserError(shape_problem(exc), where=str(path), hint=hint) from None
     return summary
 
 
@@ -220,15 +239,13 @@ def _harness_rows(record: RunRecord) -> list[tuple[str, str]]:
     rows = record.harness_evals
     last = rows[-1].harness if rows else (record.summary or {}).get("harness")
     step = rows[-1].step if rows else (record.summary or {}).get("harness_step")
-    if not isinstance(last, dict):
+    if not last:
         return []
     out = []
-    for task, metrics in last.items():
-        if not isinstance(metrics, dict):
-            continue
-        shown = ", ".join(f"{m} {v:.4f}" for m, v in metrics.items() if isinstance(v, (int, float)) and not m.endswith("_stderr"))
+    for task, metrics in last.items():  # read_metrics and read_summary checked every score's type
+        shown = ", ".join(f"{m} {v:.4f}" for m, v in metrics.items() if not m.endswith("_stderr"))
         first = next((m for m in metrics if not m.endswith("_stderr")), None)
-        history = [r.harness[task][first] for r in rows if first is not None and isinstance(r.harness.get(task), dict) and first in r.harness[task]]  # type: ignore[union-attr]
+        history = [r.harness[task][first] for r in rows if first is not None and first in (r.harness or {}).get(task, {})]
         shown += f" (step {step})"
         if len(history) > 1:
             shown += f"; {first} by evaluation: " + " -> ".join(f"{v:.4f}" for v in history)
