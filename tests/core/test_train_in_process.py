@@ -85,11 +85,12 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
     out = check_output_dir(job)
     summary = train(job)
 
-    # the rows are read (acc_train_log) only before an evaluation, a save and the end
-    # (training.read_every is 10), each step's row then, in order
+    # the rows are read (acc_train_log) only at the run's first step (the progress bar's first
+    # loss), before an evaluation, a save and the end (training.read_every is 10), each step's
+    # row then, in order
     assert recorder.calls == [
         ("train_start", 0),
-        ("step_end", 1), ("step_end", 2), ("step_end", 3), ("log", 1), ("log", 2), ("log", 3), ("eval_end", 3),
+        ("step_end", 1), ("log", 1), ("step_end", 2), ("step_end", 3), ("log", 2), ("log", 3), ("eval_end", 3),
         ("step_end", 4), ("log", 4), ("checkpoint_saved", 4), ("step_end", 5),
         ("step_end", 6), ("log", 5), ("log", 6), ("eval_end", 6), ("checkpoint_saved", 6),
         ("train_end", 6),
@@ -248,3 +249,43 @@ def test_padded_rows_train_real_tokens_and_every_row_has_mfu(tmp_path: Path, tin
     assert 0 < summary["mfu"] < 1
     assert summary["tokens"] == real
     assert 0 < summary["tokens_per_s"] <= rows[-1].tokens_per_s  # over the loop's wall time, the last save included
+
+
+class Chatty:
+    """A plugin that prints while the bar is drawn: a Python warning and a line of its own."""
+
+    @hookimpl
+    def acc_train_step_end(self, run: Any, step: int, metrics: dict[str, Any]) -> None:
+        if step == 2:
+            import sys
+            import warnings
+
+            # what the warnings module writes to sys.stderr for warnings.warn (which pytest records instead)
+            sys.stderr.write(warnings.formatwarning(UserWarning("the plugin warns"), UserWarning, __file__, 1))
+            sys.stderr.write("warning: the plugin's own line\n")
+
+
+def test_what_a_plugin_prints_during_training_gets_its_own_line_above_the_progress_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41: a plugin's warning printed during training landed glued onto the bar's line."""
+    import sys
+
+    chatty = Chatty()
+    plugins.get_plugin_manager().register(chatty, name="chatty")
+    stderr = sys.stderr
+    try:
+        job = load_job(
+            flags={"output_dir": (str(tmp_path / "run"), "--output-dir"), "training.max_steps": (3, "--max-steps")},
+            sets=[*TINY_DEMO, "training.progress_bar=true", "checkpoint.every=0", "training.eval_every=0"],
+        )
+        check_output_dir(job)
+        train(job)
+    finally:
+        plugins.get_plugin_manager().unregister(name="chatty")
+    assert sys.stderr is stderr, "the streams are given back when the bar closes"
+    err = capsys.readouterr().err
+    assert "train:" in err and "3/3" in err, err[-2000:]
+    for message in ("UserWarning: the plugin warns", "warning: the plugin's own line"):
+        line = next(ln for ln in err.split("\n") if message in ln)
+        shown = line.split("\r")[-1].strip()  # what is left on the terminal's line
+        assert not shown.startswith("train:"), f"{message!r} printed onto the progress bar: {line!r}"
+        assert message.startswith("warning:") <= shown.startswith(message), line

@@ -25,3 +25,21 @@ def test_error_file_is_written_whole_and_read_back_by_the_agent(tmp_path: Path, 
     assert "rank 1 went away" in data["message"]["extraInfo"]["py_callstack"]
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(error_file))  # as the agent reads it
     assert failure.message["message"] == "RuntimeError: rank 1 went away"  # what acc_train.launcher shows
+
+
+def test_a_finished_rank_flushes_its_files_without_torchs_deprecation_warning(tmp_path: Path) -> None:
+    """Issue 41: every run ended with ``FutureWarning: torch.distributed.reduce_op is deprecated``,
+    raised by the exit's walk over open files asking torch's deprecated object its class."""
+    import warnings
+
+    import torch.distributed  # noqa: F401 - its reduce_op object among gc's objects
+
+    from acc_train.worker import flush_open_files
+
+    f = (tmp_path / "open.txt").open("w")
+    f.write("kept")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flush_open_files()
+    assert (tmp_path / "open.txt").read_text() == "kept", "an open file is flushed at exit"
+    f.close()

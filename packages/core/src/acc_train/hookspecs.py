@@ -164,7 +164,7 @@ def acc_train_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> N
 def acc_train_log(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
     """Called on every rank once per logged step (every ``training.log_every`` steps, and the
     last), in step order, when the loop reads the steps' values back from the accelerator:
-    every ``training.read_every`` steps, before an evaluation, a checkpoint, a stop and the end
+    every ``training.read_every`` steps, at the first step, before an evaluation, a checkpoint, a stop and the end
     (and, after a failure, for the steps it can still read without a collective). So it comes up
     to ``read_every`` steps after :func:`acc_train_step_end` of the same step.
 

@@ -7,6 +7,7 @@ implementing the lifecycle hooks; the loop only fires hooks.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -69,6 +70,8 @@ class RunReporter:
         self.resumed_step = resumed_step
         self._file: Any = None
         self._bar: Any = None
+        self._streams: tuple[Any, Any] | None = None
+        self._logging: Any = None
 
     @hookimpl
     def acc_train_train_start(self, run: RunContext) -> None:
@@ -85,8 +88,15 @@ class RunReporter:
         self._file = open(self.metrics_path, "a", buffering=1)
         if run.config.training.progress_bar:
             from tqdm.auto import tqdm
+            from tqdm.contrib import DummyTqdmFile
 
-            self._bar = tqdm(total=run.max_steps, initial=run.step, desc="train", unit="step", dynamic_ncols=True)
+            # what anything else prints while the bar is drawn (a plugin's warning, a library's
+            # message) goes on lines of its own above the bar, as tqdm.write puts them, not glued
+            # onto the bar's line; logging's handlers keep the stream they were made with
+            self._streams = (sys.stdout, sys.stderr)
+            self._bar = tqdm(total=run.max_steps, initial=run.step, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr)
+            sys.stdout, sys.stderr = DummyTqdmFile(sys.stdout), DummyTqdmFile(sys.stderr)
+            self._logging = _logging_above(self._bar)
 
     def _write(self, run: RunContext, step: int, row: MetricsRow) -> None:
         line = row.to_dict()
@@ -128,11 +138,32 @@ class RunReporter:
 
     def close(self) -> None:
         if self._bar is not None:
+            if self._streams is not None:
+                redirected = (sys.stdout, sys.stderr)
+                sys.stdout, sys.stderr = self._streams
+                for wrapper, stream in zip(redirected, self._streams):
+                    held = getattr(wrapper, "_buf", None)  # a last line without its newline
+                    if held and any(held):
+                        stream.write(type(held[0])().join(held))
+                        wrapper._buf = []
+                self._streams = None
+            if self._logging is not None:
+                self._logging.__exit__(None, None, None)
+                self._logging = None
             self._bar.close()
             self._bar = None
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _logging_above(bar: Any) -> Any:
+    """tqdm's redirection of the root logger's console handlers (entered; exited with the bar)."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    redirect = logging_redirect_tqdm(tqdm_class=type(bar))
+    redirect.__enter__()
+    return redirect
 
 
 @contextmanager

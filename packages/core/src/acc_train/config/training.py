@@ -118,7 +118,7 @@ class TrainingConfig(Section):
         10,
         description=(
             "Read the steps' losses, gradient norms and token counts back from the accelerator every N steps "
-            "(and before an evaluation, a checkpoint, a stop and the end); the rows of the steps between are "
+            "(and at the run's first step, before an evaluation, a checkpoint, a stop and the end); the rows of the steps between are "
             "written then, one per step. Between reads the host never waits for the device. 1 reads every step."
         ),
     )

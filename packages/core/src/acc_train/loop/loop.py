@@ -136,8 +136,9 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
         return bool(every and step % every == 0) or step >= run.max_steps
 
     def reads_at(step: int) -> bool:
-        """Steps the loop reads the device at, known before they run (a stop is read too)."""
-        return step % t_cfg.read_every == 0 or evaluating(step) or saving(step)
+        """Steps the loop reads the device at, known before they run (a stop is read too); the
+        run's first step too, once, so the progress bar and the first row show a loss at once."""
+        return step % t_cfg.read_every == 0 or evaluating(step) or saving(step) or step == result.start_step + 1
 
     def log_rows(readings: list[StepReading]) -> None:
         """The rows of the steps just read, in order, to the ``acc_train_log`` hooks."""
