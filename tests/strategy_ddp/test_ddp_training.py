@@ -65,6 +65,25 @@ def test_checkpoints_are_complete_and_pointed_to(ddp_run: Path) -> None:
     assert not [p for p in ckpts.rglob("*") if p.suffix in {".bin", ".pt", ".pkl"}], "nothing we write needs pickle"
 
 
+def test_every_output_is_as_readable_as_the_umask_says(ddp_run: Path) -> None:
+    """Issue 41: final/model.safetensors, the checkpoints' rng-*.safetensors and report.png were
+    written 0600 (safetensors and tempfile ignore the umask): a colleague could not read them."""
+    import os
+    import stat
+
+    umask = os.umask(0)
+    os.umask(umask)  # the launch inherited this process's
+    wrong = {}
+    for path in [ddp_run, *ddp_run.rglob("*")]:
+        if path.is_symlink() or path.name.startswith("."):  # (the run's lock)
+            continue
+        want = (0o777 if path.is_dir() else 0o666) & ~umask
+        if stat.S_IMODE(path.stat().st_mode) != want:
+            wrong[str(path.relative_to(ddp_run))] = oct(stat.S_IMODE(path.stat().st_mode))
+    assert (ddp_run / "report.png").is_file() and list(ddp_run.glob("checkpoints/*/rng-rank*.safetensors"))
+    assert wrong == {}, f"not {oct(0o666 & ~umask)} as umask {oct(umask)} gives: {wrong}"
+
+
 def test_final_model_loads_in_transformers(ddp_run: Path, tiny_model_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

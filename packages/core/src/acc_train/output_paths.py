@@ -21,7 +21,7 @@ from pathlib import Path
 
 from acc_train.errors import UserError
 
-__all__ = ["check_creatable", "check_new_directory", "new_directory", "fresh_directory", "replace_directory", "replace_file"]
+__all__ = ["check_creatable", "check_new_directory", "new_directory", "fresh_directory", "readable", "replace_directory", "replace_file"]
 
 
 def _umask() -> int:
@@ -112,7 +112,7 @@ def new_directory(path: str, where: str) -> Iterator[Path]:
         yield staging
         if target.exists():  # appeared while we wrote: never replaced
             raise UserError(f"{path!r} appeared while it was being written", where=where, hint="name a new directory")
-        staging.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would make OUT private
+        readable(staging)  # mkdtemp's 0700 would make OUT private, and safetensors writes its files 0600
         os.rename(staging, target)
     except BaseException:
         if staging is not None:
@@ -123,6 +123,28 @@ def new_directory(path: str, where: str) -> Iterator[Path]:
             except OSError:
                 break
         raise
+
+
+def readable(path: Path) -> None:
+    """Give ``path`` (a file, or a directory and everything in it) the permissions the umask
+    gives a new file or directory: a colleague on a shared cluster reads a run's outputs under
+    umask 022 as with any other file. Needed where a library writes 0600 whatever the umask
+    (safetensors 0.8, ``tempfile``'s files and directories). Files this process does not own
+    are left as they are."""
+    mask = _umask()
+    todo = [Path(path)]
+    while todo:
+        p = todo.pop()
+        try:
+            if p.is_symlink():
+                continue
+            if p.is_dir():
+                os.chmod(p, 0o777 & ~mask)
+                todo.extend(p.iterdir())
+            else:
+                os.chmod(p, 0o666 & ~mask)
+        except OSError:  # another rank's file, or gone: its writer sees to it
+            continue
 
 
 def fresh_directory(parent: Path, prefix: str) -> Path:

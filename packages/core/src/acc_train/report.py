@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from acc_train.errors import UserError
 from acc_train.metrics import METRICS_FILE, MetricsRow, read_metrics, shape_problem
+from acc_train.output_paths import readable
 from acc_train.prompt_text import prompt_label
 from acc_train.samples_file import SAMPLES_FILE, read_samples
 from acc_train.user_files import read_user_json, read_user_text
@@ -369,6 +370,7 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
             where=str(record.output_dir / METRICS_FILE),
             hint="`acc-train report --no-png` prints the summary without the plot",
         ) from None
+    readable(tmp)  # mkstemp's 0600: the report is as readable as the run's other files
     tmp.replace(target)
     return target
 

@@ -63,7 +63,7 @@ from acc_train.checkpoint.portable import PORTABLE_DIR
 from acc_train.checkpoint.rng import capture_rng, restore_rng
 from acc_train.disk_full import raise_if_disk_full
 from acc_train.errors import UserError
-from acc_train.output_paths import replace_file
+from acc_train.output_paths import readable, replace_file
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -252,6 +252,7 @@ class CheckpointManager:
         acc = self.accelerator
         name = step_dir_name(state.step)
         final = self.root / name
+        readable(staging)  # this rank's files as the umask says (safetensors writes 0600)
         acc.wait_for_everyone()  # every rank's files are written: rank 0's listing is the checkpoint's
         listing = from_rank0(list_files(staging) if acc.is_main_process else None)
         mine = unchanged(staging, early, listing)  # hashed while or right after this rank wrote them

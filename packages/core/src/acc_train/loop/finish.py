@@ -14,7 +14,7 @@ from acc_train.config.optimizer import optimizer_summary
 from acc_train.loop.loop import LoopResult
 from acc_train.mfu import mfu
 from acc_train.model_state import ModelStateMeter
-from acc_train.output_paths import fresh_directory, replace_directory, replace_file
+from acc_train.output_paths import fresh_directory, readable, replace_directory, replace_file
 from acc_train.run import RunContext
 from acc_train.samples_file import SAMPLES_FILE, read_samples
 from acc_train.torch_compile import compile_summary
@@ -238,5 +238,6 @@ def save_final(run: RunContext, tokenizer: Any, summary: dict[str, Any] | None =
             if full is not None:
                 raise full from None
             raise
+        readable(tmp)  # safetensors writes model.safetensors 0600 whatever the umask
         replace_directory(tmp, out / "final")  # a crash leaves the old final/ or the new one, whole
     accelerator.wait_for_everyone()
