@@ -130,15 +130,16 @@ DEMO_JOB = ("--set", "data.seq_len=32", "--set", "data.demo_max_bytes=60000", "-
 
 
 def probed_run(tmp_path: Path, model: Path | None, data: dict[str, Path] | None, *args: str, cuda_error: bool = False) -> tuple[Path, dict[int, list[str]]]:
-    """A 12-step run with the probe over steps 2-9 (``read_every`` is 10 and nothing evaluates
-    or saves before step 10): its output directory and each rank's reads. Without a model and
+    """A 12-step run with the probe over steps 3-9 (``read_every`` is 10 and nothing evaluates
+    or saves before step 10; the loop reads once at the run's first step, for the progress bar,
+    and the probe starts after it, at step 2's end): its output directory and each rank's reads. Without a model and
     data: the demo job."""
     probe = install_probe(tmp_path / "probe")
     reads = tmp_path / "reads"
     reads.mkdir()
     env = {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(probe), os.environ.get("PYTHONPATH", "")])),
-        "HOST_READS_STEPS": "2-9",
+        "HOST_READS_STEPS": "3-9",
         "HOST_READS_OUT": str(reads),
         **({"HOST_READS_CUDA_ERROR": "1"} if cuda_error else {}),
     }
@@ -164,14 +165,14 @@ def test_steps_that_neither_log_evaluate_nor_save_read_nothing_back(strategy: st
     out, sites = probed_run(tmp_path, tiny_model_dir, tiny_data, "--strategy", strategy, "--num-processes", "2")
     assert sorted(sites) == [0, 1]
     for rank, found in sites.items():
-        assert unexplained(found) == [], f"rank {rank} read the device back on steps 2-9 at: {sorted(set(unexplained(found)))}"
+        assert unexplained(found) == [], f"rank {rank} read the device back on steps 3-9 at: {sorted(set(unexplained(found)))}"
     assert_rows_for_every_step(out, 12)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_steps_that_neither_log_evaluate_nor_save_never_synchronize_the_gpu(strategy: str, tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
-    """torch raises at any synchronizing CUDA call on steps 2-9 (DeepSpeed's own overflow check
+    """torch raises at any synchronizing CUDA call on steps 3-9 (DeepSpeed's own overflow check
     synchronizes under zero3 in any loop, so zero3 is counted by the CPU test only)."""
     out, sites = probed_run(tmp_path, tiny_model_dir, tiny_data, "--strategy", strategy, "--num-processes", "1", cuda_error=True)
     assert unexplained(sites[0]) == []
@@ -189,5 +190,5 @@ def test_the_demo_and_padded_rows_read_nothing_back(job: str, tmp_path: Path, ti
     else:
         out, sites = probed_run(tmp_path, tiny_model_dir, tiny_data, "--strategy", "ddp", "--num-processes", "1", "--set", "data.packing=false")
     assert sorted(sites) == [0]
-    assert unexplained(sites[0]) == [], f"the {job} job read the device back on steps 2-9 at: {sorted(set(unexplained(sites[0])))}"
+    assert unexplained(sites[0]) == [], f"the {job} job read the device back on steps 3-9 at: {sorted(set(unexplained(sites[0])))}"
     assert_rows_for_every_step(out, 12)
