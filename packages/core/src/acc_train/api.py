@@ -34,6 +34,7 @@ from acc_train.model_state import ModelStateMeter, TorchOptimizerMeter, dtype_na
 from acc_train.plugins import checkpoint_formats, optimizers, strategies, wrap_policies
 from acc_train.questions import Question
 from acc_train.strategy import DEFAULT_STRATEGY, Machine, Strategy, StrategyOptions, WrapPolicy
+from acc_train.tracker_kinds import TrackerKind
 from acc_train.user_files import read_user_json
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ __all__ = [
     # the strategy contract
     "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
     # hooks, questions for the wizard, errors
-    "DataKind", "Tokenized", "packs_rows", "packs_continuous_text", "OptimizerKind", "OptimizerOptions", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
+    "DataKind", "Tokenized", "packs_rows", "packs_continuous_text", "OptimizerKind", "OptimizerOptions", "TrackerKind", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
     # registries
     "checkpoint_formats", "optimizers", "strategies", "wrap_policies",
     # checkpoint formats and the portable state

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from acc_train.data_kind import DataKind
     from acc_train.optimizer import OptimizerKind
     from acc_train.run import RunContext
+    from acc_train.tracker_kinds import TrackerKind
 
 
 @hookimpl
@@ -34,6 +35,14 @@ def acc_train_register_optimizers(register: Callable[[OptimizerKind], None]) -> 
 
     for optimizer in BUILTIN_OPTIMIZERS:
         register(optimizer)
+
+
+@hookimpl
+def acc_train_register_trackers(register: Callable[[TrackerKind], None]) -> None:
+    from acc_train.tracker_kinds import builtin_tracker_kinds
+
+    for kind in builtin_tracker_kinds():  # Accelerate's own trackers
+        register(kind)
 
 
 #: what core itself runs on, reported in every checkpoint's manifest

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from acc_train.questions import Question
     from acc_train.run import RunContext
     from acc_train.strategy import Strategy, WrapPolicy
+    from acc_train.tracker_kinds import TrackerKind
 
 __all__ = ["hookspec", "hookimpl", "PROJECT_NAME"]
 
@@ -93,6 +94,24 @@ def acc_train_register_optimizers(register: Callable[[OptimizerKind], None]) -> 
     instance. The return value is ignored.
 
     :param register: callback taking an ``OptimizerKind`` instance.
+    """
+
+
+@hookspec
+def acc_train_register_trackers(register: Callable[[TrackerKind], None]) -> None:
+    """Register trackers ``training.report_to`` can name (Accelerate's own are registered by
+    core's plugin the same way).
+
+    Called once, the first time a tracker is looked up or listed (when a config names one).
+    Call ``register(kind)`` once per :class:`acc_train.api.TrackerKind`: its ``name`` (the
+    tracker's ``GeneralTracker.name``), its ``tracker`` (an ``accelerate.tracking.GeneralTracker``
+    subclass, or ``"module:Class"`` imported only when a run starts it), the modules it needs,
+    and, by overriding ``continue_run``/``identify``, how a resumed launch logs to the same
+    tracker run. The tracker gets every row of ``metrics.jsonl`` (``log``) and the job's config
+    (``store_init_configuration``); the run's summary reaches the plugin's
+    :func:`acc_train_train_end`. The return value is ignored.
+
+    :param register: callback taking a ``TrackerKind`` instance.
     """
 
 

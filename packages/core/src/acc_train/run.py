@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from acc_train.config import ResolvedJob
     from acc_train.model_state import ModelStateMeter
+    from acc_train.tracker_kinds import TrackerKind
 
 __all__ = ["RunContext", "RunReporter", "reporting"]
 
@@ -186,10 +187,28 @@ def reporting(run: RunContext) -> Iterator[RunReporter]:
 def _start_trackers(run: RunContext) -> None:
     """Start the job's trackers (main process), continuing the tracker runs an earlier launch of
     this run started (:mod:`acc_train.trackers`), and record which runs they log to."""
-    plan = plan_trackers(run.config.training.tracker, run.output_dir, run.step)
-    start_trackers(run.accelerator, plan, run.output_dir)
-    run.trackers = record_runs(run.output_dir, plan, started_runs(run.accelerator, run.output_dir))
+    kinds = job_trackers(run.config.training.report_to)
+    plan = plan_trackers(run.config.training.tracker, run.output_dir, run.step, kinds)
+    start_trackers(run.accelerator, plan, run.output_dir, [k for k in kinds.values() if not k.accelerate_builtin])
+    run.trackers = record_runs(run.output_dir, plan, started_runs(run.accelerator, run.output_dir, kinds))
     store_config(run.accelerator, _flat(run.job.to_dict()), plan)
+
+
+def job_trackers(report_to: list[str]) -> dict[str, TrackerKind]:
+    """The registered trackers ``training.report_to`` names, by name (``all``: every installed one)."""
+    from acc_train.plugins import trackers
+
+    registry = trackers()
+    if "all" in report_to:
+        return {kind.name: kind for kind, _ in registry.primary() if kind.installed()}
+    return {name: registry.get(name) for name in report_to}
+
+
+def accelerate_log_with(report_to: list[str]) -> list[str] | None:
+    """What Accelerate's ``log_with`` gets: its own trackers, by name (a plugin's are made and
+    started with them, :func:`acc_train.trackers.start_trackers`)."""
+    names = [name for name, kind in job_trackers(report_to).items() if kind.accelerate_builtin]
+    return names or None
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

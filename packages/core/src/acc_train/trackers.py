@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import secrets
-import string
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +28,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from acc_train.errors import UserError, closest
+from acc_train.errors import UserError
 from acc_train.output_paths import replace_file
+from acc_train.tracker_kinds import TRACKER_MODULES, TrackerKind, builtin_tracker_kinds, new_wandb_id
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -49,28 +47,11 @@ TRACKERS_FILE = Path("logs") / "trackers.json"
 #: ``training.tracker.project`` unset: one project for every run, as W&B and MLflow group them.
 DEFAULT_PROJECT = "acc-train"
 
-#: init_kwargs that Accelerate or acc-train already pass to a tracker, and the setting that
-#: says them instead (a second value would be a duplicate argument, or silently lose).
+#: init_kwargs that Accelerate or acc-train pass to every tracker, and the setting that says them
+#: instead (a second value would be a duplicate argument, or silently lose); a tracker's own are
+#: its kind's ``owned_keys`` (:class:`acc_train.tracker_kinds.TrackerKind`)
 OWNED_KEYS: dict[str, dict[str, str]] = {
     "*": {"run_name": "training.tracker.project", "logging_dir": "output_dir (its logs/ folder)"},
-    "wandb": {"project": "training.tracker.project", "name": "training.tracker.run_name"},
-    "mlflow": {"experiment_name": "training.tracker.project", "run_name": "training.tracker.run_name"},
-    "trackio": {"project": "training.tracker.project"},
-    "swanlab": {"project": "training.tracker.project"},
-}
-
-
-#: Accelerate trackers and the modules that must import for each.
-TRACKER_MODULES: dict[str, tuple[str, ...]] = {
-    "tensorboard": ("tensorboard", "tensorboardX"),
-    "wandb": ("wandb",),
-    "mlflow": ("mlflow",),
-    "comet_ml": ("comet_ml",),
-    "aim": ("aim",),
-    "clearml": ("clearml",),
-    "dvclive": ("dvclive",),
-    "swanlab": ("swanlab",),
-    "trackio": ("trackio",),
 }
 
 
@@ -102,22 +83,13 @@ class TrackerConfig(BaseModel):
             raise ValueError(f"{value!r} is not a project name (TensorBoard makes it a folder under logs/): no '/', '\\', '.' or '..'")
         return value
 
-    @field_validator("init_kwargs")
-    @classmethod
-    def _known_trackers(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        for name, kwargs in value.items():
-            if name not in TRACKER_MODULES:
-                hint = f"did you mean {close!r}? " if (close := closest(name, TRACKER_MODULES)) else ""
-                raise ValueError(f"unknown tracker {name!r} ({hint}known: {', '.join(sorted(TRACKER_MODULES))})")
-            for key in kwargs:
-                if (why := owned_key_error(name, key)) is not None:
-                    raise ValueError(why)
-        return value
+    # (the tracker names init_kwargs may use are the registered ones: checked with training.report_to,
+    # acc_train.config.training, where the plugins' registry is at hand)
 
 
-def owned_key_error(tracker: str, key: str) -> str | None:
+def owned_key_error(tracker: str, key: str, kind: TrackerKind | None = None) -> str | None:
     """Why ``init_kwargs[tracker][key]`` is refused, or None when it is the user's to give."""
-    setting = OWNED_KEYS.get(tracker, {}).get(key) or OWNED_KEYS["*"].get(key)
+    setting = (kind.owned_keys if kind is not None else {}).get(key) or OWNED_KEYS["*"].get(key)
     if setting is None or (tracker == "mlflow" and key == "logging_dir"):  # MLflow's artifact location
         return None
     return f"{tracker}.{key} is passed by acc-train from {setting}; set that instead"
@@ -126,12 +98,6 @@ def owned_key_error(tracker: str, key: str) -> str | None:
 def default_run_name(output_dir: str | Path) -> str:
     """``training.tracker.run_name`` unset: the output directory's name (``runs/demo`` -> ``demo``)."""
     return Path(output_dir).resolve().name or DEFAULT_PROJECT
-
-
-def new_wandb_id() -> str:
-    """A W&B run id as W&B makes them: 8 characters of lowercase letters and digits."""
-    alphabet = string.ascii_lowercase + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(8))
 
 
 @dataclass
@@ -160,10 +126,12 @@ def _warn(message: str) -> None:
     sys.stderr.write(f"warning: {message}\n")
 
 
-def plan_trackers(tracker_cfg: Any, output_dir: Path, resumed_step: int) -> TrackerPlan:
+def plan_trackers(tracker_cfg: Any, output_dir: Path, resumed_step: int, kinds: dict[str, TrackerKind] | None = None) -> TrackerPlan:
     """The project, run name and init_kwargs for this launch of the run in ``output_dir``:
-    the user's ``init_kwargs`` plus the identities of the runs a previous launch started there
-    (when it used the same project). ``resumed_step``: the step this launch continues from."""
+    the user's ``init_kwargs`` plus what each tracker kind adds to continue the runs a previous
+    launch started there (when it used the same project). ``resumed_step``: the step this launch
+    continues from. ``kinds``: the registered trackers by name (default: Accelerate's)."""
+    kinds = kinds if kinds is not None else {k.name: k for k in builtin_tracker_kinds()}
     project = tracker_cfg.project
     run_name = tracker_cfg.run_name or default_run_name(output_dir)
     stored = _read(output_dir / TRACKERS_FILE)
@@ -173,30 +141,28 @@ def plan_trackers(tracker_cfg: Any, output_dir: Path, resumed_step: int) -> Trac
     elif stored:
         previous = {k: v for k, v in stored["runs"].items() if isinstance(v, dict)}
     kwargs = {name: dict(values) for name, values in tracker_cfg.init_kwargs.items()}
-    wandb = kwargs.setdefault("wandb", {})
-    wandb.setdefault("id", previous.get("wandb", {}).get("id") or new_wandb_id())
-    wandb.setdefault("resume", "allow")
-    wandb["name"] = run_name
-    if "dir" not in wandb and not os.environ.get("WANDB_DIR"):  # the run's local files live with the run
-        wandb["dir"] = str(output_dir / TRACKERS_FILE.parent)
-    mlflow = kwargs.setdefault("mlflow", {})
-    mlflow["run_name"] = run_name
-    if previous.get("mlflow", {}).get("run_id"):
-        mlflow.setdefault("run_id", previous["mlflow"]["run_id"])
-    if "tensorboard" in previous:  # the steps this launch redoes are hidden from the earlier events
-        kwargs.setdefault("tensorboard", {}).setdefault("purge_step", resumed_step + 1)
+    for name, kind in kinds.items():
+        mine = dict(kwargs.get(name, {}))
+        kind.continue_run(mine, previous.get(name), run_name, output_dir, resumed_step)
+        if mine or name in kwargs:
+            kwargs[name] = mine
     return TrackerPlan(project, run_name, kwargs, previous)
 
 
-def start_trackers(accelerator: Accelerator, plan: TrackerPlan, output_dir: Path) -> None:
-    """Accelerate's ``init_trackers`` with the plan (main process). A tracker that cannot start
+def start_trackers(accelerator: Accelerator, plan: TrackerPlan, output_dir: Path, plugin_kinds: list[TrackerKind] = ()) -> None:  # type: ignore[assignment]
+    """Accelerate's ``init_trackers`` with the plan (main process), then the trackers plugins
+    registered (``plugin_kinds``: not Accelerate's own, which it makes by name). A tracker that cannot start
     (a missing store or key, an argument its library refuses) is the user's setting to fix, and
     leaves no ``logs/`` behind when nothing was written there (the run can be launched again)."""
     logs = output_dir / TRACKERS_FILE.parent
     made = not logs.exists()
     logs.mkdir(parents=True, exist_ok=True)  # W&B writes its run's files there unless told otherwise
     try:
-        accelerator.init_trackers(plan.project, init_kwargs=plan.init_kwargs)
+        accelerator.init_trackers(plan.project, init_kwargs=plan.init_kwargs)  # Accelerate's own, by name
+        for kind in plugin_kinds:  # a plugin's GeneralTracker, made and started as Accelerate does its own
+            tracker = kind.make(plan.project, logs, plan.init_kwargs.get(kind.name, {}))
+            tracker.start()
+            accelerator.trackers.append(tracker)
     except Exception as exc:
         if made:
             with contextlib.suppress(OSError):
@@ -210,19 +176,14 @@ def start_trackers(accelerator: Accelerator, plan: TrackerPlan, output_dir: Path
         ) from exc
 
 
-def started_runs(accelerator: Accelerator, output_dir: Path) -> dict[str, dict[str, Any]]:
-    """The identity of each tracker run Accelerate started (main process), by tracker name."""
+def started_runs(accelerator: Accelerator, output_dir: Path, kinds: dict[str, TrackerKind] | None = None) -> dict[str, dict[str, Any]]:
+    """The identity of each tracker run started (main process), by tracker name, as its kind
+    tells it (``kinds``: the registered trackers by name, default Accelerate's)."""
+    kinds = kinds if kinds is not None else {k.name: k for k in builtin_tracker_kinds()}
     runs: dict[str, dict[str, Any]] = {}
     for tracker in accelerator.trackers:
-        entry: dict[str, Any] = {}
-        if tracker.name == "wandb":
-            entry = {"id": tracker.run.id}
-        elif tracker.name == "mlflow":
-            info = tracker.active_run.info
-            entry = {"run_id": info.run_id, "experiment_id": info.experiment_id}
-        elif tracker.name == "tensorboard":
-            entry = {"logging_dir": os.path.relpath(tracker.logging_dir, output_dir)}
-        runs[tracker.name] = entry
+        kind = kinds.get(tracker.name)
+        runs[tracker.name] = kind.identify(tracker, output_dir) if kind is not None else {}
     return runs
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -18,9 +18,26 @@ from acc_train.config.base import (
     Section,
 )
 from acc_train.config.compile import CompileConfig
-from acc_train.trackers import TRACKER_MODULES, TrackerConfig
+from acc_train.errors import UserError
+from acc_train.trackers import TrackerConfig, owned_key_error
+
+if TYPE_CHECKING:
+    from acc_train.tracker_kinds import TrackerKind
 
 __all__ = ["OptimizerConfig", "SchedulerConfig", "TrainingConfig"]
+
+
+
+def tracker_kind(name: str, where: str) -> TrackerKind:
+    """The tracker registered as ``name`` (Accelerate's, registered by core, or a plugin's): an
+    unknown one is a ValueError for pydantic naming the installed ones and the closest."""
+    from acc_train.plugins import trackers
+
+    try:
+        return trackers().lookup(name, where)  # type: ignore[no-any-return]
+    except UserError as exc:
+        prefix = "" if where == "training.report_to" else f"{where}: "  # (pydantic names the field it checks)
+        raise ValueError(prefix + (f"{exc.message}; {exc.hint}" if exc.hint else exc.message)) from None
 
 
 class OptimizerConfig(Section):
@@ -129,7 +146,10 @@ class TrainingConfig(Section):
     eval_batches: Count = Field(8, description="Batches each evaluation runs.")
     report_to: list[str] = Field(
         default_factory=list,
-        description="Accelerate trackers: tensorboard, wandb, ... (`all` for every installed one).",
+        description=(
+            "Trackers: Accelerate's (tensorboard, wandb, mlflow, ...) and those plugins register "
+            "(`acc-train plugins` lists them); `all` for every installed one."
+        ),
     )
     tracker: TrackerConfig = Field(
         default_factory=TrackerConfig,
@@ -159,18 +179,21 @@ class TrainingConfig(Section):
     @field_validator("report_to")
     @classmethod
     def _trackers_installed(cls, value: list[str]) -> list[str]:
-        import importlib.util
-
         for name in value:
-            module = TRACKER_MODULES.get(name)
-            if name != "all" and module is None:
-                raise ValueError(f"unknown tracker {name!r}; known: {', '.join(sorted(TRACKER_MODULES))}, all")
-            if module and not any(importlib.util.find_spec(m) for m in module):
-                raise ValueError(f"tracker {name!r} is not installed (pip install {module[0]})")
+            if name == "all":
+                continue
+            kind = tracker_kind(name, "training.report_to")
+            if not kind.installed():
+                raise ValueError(f"tracker {name!r} is not installed (pip install {kind.requires[0]})")
         return value
 
     @model_validator(mode="after")
     def _kwargs_for_used_trackers(self) -> TrainingConfig:
+        for name, kwargs in self.tracker.init_kwargs.items():
+            kind = tracker_kind(name, "training.tracker.init_kwargs")
+            for key in kwargs:
+                if (why := owned_key_error(name, key, kind)) is not None:
+                    raise ValueError(f"training.tracker.init_kwargs: {why}")
         unused = sorted(set(self.tracker.init_kwargs) - set(self.report_to)) if "all" not in self.report_to else []
         if unused:
             raise ValueError(

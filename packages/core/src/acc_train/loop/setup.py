@@ -77,6 +77,7 @@ def make_accelerator(job: ResolvedJob) -> Accelerator:
 
     from acc_train.accelerate_compat import probe_libraries_once, skip_unused_library_imports
     from acc_train.accelerator import Accelerator
+    from acc_train.run import accelerate_log_with
     from acc_train.torch_compile import dynamo_plugin
 
     skip_unused_library_imports()  # acc-train's own loop: a user's script (acc-train launch) is left as it is
@@ -90,7 +91,7 @@ def make_accelerator(job: ResolvedJob) -> Accelerator:
         # counted in steps, not ended early at a loader's end: the loop reads a step's micro-batches
         # before the first forward (loop/loss.py), and an epoch is cut to whole steps anyway
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=t_cfg.gradient_accumulation_steps, sync_with_dataloader=False),
-        log_with=t_cfg.report_to or None,
+        log_with=accelerate_log_with(t_cfg.report_to) if t_cfg.report_to else None,  # Accelerate's own; a plugin's are made when they start
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
         step_scheduler_with_optimizer=False,
         dynamo_plugin=dynamo_plugin(t_cfg.compile),  # Accelerate compiles the prepared model (training.compile)

@@ -28,6 +28,7 @@ from acc_train.plugins.registry import (
     plugin_failures,
     reset,
     strategies,
+    trackers,
     wrap_policies,
 )
 
@@ -35,5 +36,5 @@ __all__ = [
     "BUILTIN", "ENV_BLOCK", "ENV_DISABLE_AUTOLOAD", "ENV_TRACE", "KNOWN_STRATEGY_PACKAGES", "NameConflictError",
     "PluginFailure", "PluginInfo", "Registry", "StrategyRegistry", "accelerate_config_section", "call_lifecycle",
     "checkpoint_formats", "data_kinds", "get_plugin_manager", "library_versions", "optimizers", "plugin_failures", "plugin_infos", "register_temporarily", "reset",
-    "strategies", "wrap_policies",
+    "strategies", "trackers", "wrap_policies",
 ]  # fmt: skip

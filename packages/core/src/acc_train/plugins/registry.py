@@ -14,7 +14,7 @@ from acc_train.strategy import Strategy, WrapPolicy, legacy_contract_problem
 
 __all__ = [
     "KNOWN_STRATEGY_PACKAGES", "NameConflictError", "Registry", "StrategyRegistry", "strategies", "wrap_policies",
-    "checkpoint_formats", "data_kinds", "optimizers", "plugin_failures", "reset",
+    "checkpoint_formats", "data_kinds", "optimizers", "plugin_failures", "reset", "trackers",
 ]  # fmt: skip
 
 
@@ -219,6 +219,12 @@ def _data_kind_base() -> type:
     return DataKind
 
 
+def _tracker_base() -> type:
+    from acc_train.tracker_kinds import TrackerKind
+
+    return TrackerKind
+
+
 def _optimizer_base() -> type:
     from acc_train.optimizer import OptimizerKind
 
@@ -231,6 +237,7 @@ _REGISTRIES: dict[str, Registry[Any]] = {
     "checkpoint_format": Registry("checkpoint format", "acc_train_register_checkpoint_formats", _checkpoint_format_base),
     "data_kind": Registry("data kind", "acc_train_register_data_kinds", _data_kind_base),
     "optimizer": Registry("optimizer", "acc_train_register_optimizers", _optimizer_base),
+    "tracker": Registry("tracker", "acc_train_register_trackers", _tracker_base),
 }
 
 
@@ -254,10 +261,14 @@ def optimizers() -> Registry[Any]:
     return _REGISTRIES["optimizer"]
 
 
+def trackers() -> Registry[Any]:
+    return _REGISTRIES["tracker"]
+
+
 def plugin_failures() -> list[PluginFailure]:
     """Plugins that failed to import or register, after loading."""
     get_plugin_manager()
-    strategies(), wrap_policies(), checkpoint_formats(), data_kinds(), optimizers()
+    strategies(), wrap_policies(), checkpoint_formats(), data_kinds(), optimizers(), trackers()
     return list(_failures)
 
 
