@@ -113,8 +113,117 @@ def test_without_lm_eval_the_command_and_the_config_say_what_to_install(tiny_mod
     assert not (tmp_path / "run").exists()
 
 
-def test_the_demo_model_has_no_tokenizer_for_the_harness(harness_task: Path, tmp_path: Path) -> None:
-    _user_error(acc_train("--set", f"eval.harness_tasks=[{harness_task}]", "--output-dir", str(tmp_path / "run")), "eval.harness_tasks", "no tokenizer")
+#: a multiple-choice task over bytes, for the demo model: which of 3 snippets goes on a line of Python
+BYTE_TASK_YAML = """\
+task: code_bytes
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+"""
+BYTE_QUESTIONS = [
+    {"context": "import", "choices": ["os", "(x)", "é ü"], "answer": 0},
+    {"context": "def f(self):\n    return", "choices": ["self", "import", "]]"], "answer": 0},
+    {"context": "for i in", "choices": ["range(n):", "class", "\u00e9t\u00e9"], "answer": 0},
+    {"context": "class A(object):\n   ", "choices": ["def", "é", "}"], "answer": 0},
+    {"context": "if x is", "choices": ["None:", "def", "import"], "answer": 0},
+    {"context": "    except", "choices": ["OSError:", "return", "?!"], "answer": 0},
+    {"context": "from . import", "choices": ["util", "))", "else"], "answer": 0},
+    {"context": "x = [1, 2,", "choices": ["3]", "def", "while"], "answer": 0},
+]
+
+
+def _byte_task(root: Path) -> Path:
+    (root / "tasks").mkdir(parents=True)
+    data = root / "code.jsonl"
+    data.write_text("".join(json.dumps(q) + "\n" for q in BYTE_QUESTIONS))
+    task = root / "tasks" / "code_bytes.yaml"
+    task.write_text(BYTE_TASK_YAML.format(data=data))
+    return task
+
+
+def _byte_level_accuracy(model_dir: Path) -> float:
+    """The task's accuracy computed here, without lm-eval: each choice's log-likelihood after
+    its context (lm-eval puts a space between them), on the UTF-8 bytes the demo trains on."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    right = 0
+    for q in BYTE_QUESTIONS:
+        context = list(q["context"].encode())
+        scores = []
+        for choice in q["choices"]:
+            ids = context + list((" " + choice).encode())
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+            scores.append(sum(logp[i - 1, ids[i]].item() for i in range(len(context), len(ids))))
+        right += max(range(len(scores)), key=scores.__getitem__) == q["answer"]
+    return right / len(BYTE_QUESTIONS)
+
+
+def test_the_demo_run_is_scored_on_its_bytes(tmp_path: Path) -> None:
+    """The demo model has no tokenizer: lm-eval reads it through the byte tokenizer ``generate``
+    uses, in ``eval.harness_tasks`` (accepted before launch) and ``acc-train eval`` on the run,
+    with the accuracy computed by hand on the bytes."""
+    from acc_train.config import load_job
+    from acc_train.harness import check_job_harness
+    from acc_train.metrics import read_metrics
+    from acc_train.trainer import check_output_dir, train
+
+    task = _byte_task(tmp_path)
+    job = load_job(
+        flags={"output_dir": (str(tmp_path / "demo"), "--output-dir"), "training.max_steps": (2, "--max-steps")},
+        sets=[
+            "model.config={hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}",
+            "data.seq_len=16", "data.demo_max_bytes=20000", "training.micro_batch_size=2", "training.mixed_precision=no",
+            "training.progress_bar=false", "training.eval_every=2", f"eval.harness_tasks=[{task}]",
+        ],
+    )  # fmt: skip
+    assert check_job_harness(job.config) is not None  # the demo job is accepted (it was refused: "no tokenizer")
+    run = check_output_dir(job)
+    train(job)
+    recorded = {r.step: r.harness for r in read_metrics(run).evals if r.harness is not None}
+    assert list(recorded) == [2]
+    expected = _byte_level_accuracy(run / "final")
+    assert recorded[2]["code_bytes"]["acc"] == pytest.approx(expected, abs=1e-6)
+    final = acc_train("eval", str(run), "--tasks", "code_bytes", "--include-path", str(task.parent))
+    assert final.exit_code == 0, final.output
+    assert scores_of(final.stdout)["code_bytes"]["acc"] == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_byte_tokenizer_reads_text_as_the_demo_trains_on_it() -> None:
+    """Encoding is the demo data's own (the text kind without a tokenizer); decoding is UTF-8
+    with replacement, as ``generate`` shows text; 256 bytes plus one special token."""
+    import random
+
+    from acc_train.byte_tokenizer import byte_tokenizer
+    from acc_train.config.model_data import DataConfig
+    from acc_train.data.kinds import TextKind
+    from acc_train.prompt_text import decode_tokens, encode_prompt
+
+    tokenizer = byte_tokenizer()
+    texts = ["héllo\x00 wörld 🙂\n\tdef f(x): return x", "<|endoftext|> spelt out", " ", "Ā ĉ"]
+    trained = TextKind().tokenize({"text": texts}, None, DataConfig())["input_ids"]
+    assert [tokenizer.encode(t) for t in texts] == trained == [list(t.encode()) for t in texts]
+    tokenizer.padding_side = "left"  # as lm-eval pads a batch to generate from: byte 0, masked
+    batch = tokenizer(texts[:2], padding="longest")
+    pad = len(trained[0]) - len(trained[1])
+    assert batch["input_ids"][1] == [0] * pad + trained[1] and batch["attention_mask"][1] == [0] * pad + [1] * len(trained[1])
+    assert len(tokenizer) == 257 and tokenizer.eos_token_id == 256 and tokenizer.pad_token_id == 0
+    assert [encode_prompt(None, t, where="p") for t in texts] == trained  # generate and eval.samples
+    rng = random.Random(0)
+    for _ in range(500):  # any bytes, incomplete and invalid UTF-8 included
+        ids = [rng.randrange(256) for _ in range(rng.randrange(1, 12))]
+        assert tokenizer.decode(ids) == decode_tokens(None, ids) == bytes(ids).decode("utf-8", errors="replace"), ids
+    assert decode_tokens(None, [104, 256, 105]) == "hi"  # the special token is left out
 
 
 def _train(model: Path, data: dict[str, Path], out: Path, *sets: str) -> Path:
