@@ -291,3 +291,78 @@ def test_the_harness_leaves_the_random_generators_as_it_found_them(tiny_model_di
     assert model.training  # HFLM switched it to eval mode; it trains on
     got = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
+
+
+@pytest.mark.parametrize("failing", ["eval.harness_tasks", "eval.samples"])
+def test_a_failing_evaluation_stops_the_run_with_its_steps_checkpoint_written(
+    failing: str, tiny_model_dir: Path, tiny_data: dict[str, Path], harness_task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's checkpoint is saved before its evaluations: a task whose dataset is gone by
+    then, or generation out of memory, stops the run as a UserError naming the evaluation and
+    the step, and ``--resume latest`` continues from that step's checkpoint."""
+    from acc_train.checkpoint import verify_checkpoint
+    from acc_train.errors import UserError
+
+    if failing == "eval.harness_tasks":
+        gone = tmp_path / "gone.jsonl"
+        task = tmp_path / "gone.yaml"
+        task.write_text(harness_task.read_text().replace(str(harness_task.parent.parent / "words.jsonl"), str(gone)).replace("tiny_words", "gone"))
+        sets = (f"eval.harness_tasks=[{task}]",)
+    else:
+        import acc_train.loop.samples
+
+        def out_of_memory(*args, **kwargs):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+        monkeypatch.setattr(acc_train.loop.samples, "complete", out_of_memory)
+        sets = ('eval.samples=["the quick"]',)
+    out = tmp_path / "run"
+    with pytest.raises(UserError) as raised:
+        _train(tiny_model_dir, tiny_data, out, "checkpoint.every=2", *sets)
+    error = raised.value
+    assert error.where == failing and "the evaluation after step 2 failed: " in error.message
+    assert ("cannot load the task(s)" if failing == "eval.harness_tasks" else "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB") in error.message
+    assert "checkpoint step-000002 is written (this step)" in error.hint and "--resume latest" in error.hint
+    assert verify_checkpoint(out / "checkpoints" / "step-000002")["step"] == 2
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    if failing == "eval.samples":  # the hint holds: the run continues from step 2's checkpoint
+        monkeypatch.undo()
+        from acc_train.config import load_job
+        from acc_train.trainer import train
+
+        job = load_job(config_file=out / "config.yaml", flags={"resume": ("latest", "--resume")}, sets=["checkpoint.every=0"])
+        assert train(job)["steps"] == 4
+
+
+def test_generate_until_tasks_generate_in_lockstep_on_several_ranks(tiny_model_dir: Path, harness_task: Path, tmp_path: Path) -> None:
+    """With several ranks, lm-eval's generation runs with ``synced_gpus``: every rank steps
+    until all are done, lockstep by construction, not by greedy outputs agreeing to the bit
+    (here one rank of a gloo group, so the synced path runs for real)."""
+    import torch.distributed as dist
+    import transformers
+
+    from acc_train.harness import evaluate_tasks, harness_tasks
+    from tests.conftest import GENERATE_TASK_YAML
+
+    task = tmp_path / "gen.yaml"
+    task.write_text(GENERATE_TASK_YAML.format(data=harness_task.parent.parent / "words.jsonl"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    calls: list[dict] = []
+    generate = model.generate
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return generate(*args, **kwargs)
+
+    model.generate = recording
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        synced = evaluate_tasks(model, tokenizer, harness_tasks([str(task)], None, "--tasks"), limit=4, synced=True)
+    finally:
+        dist.destroy_process_group()
+    assert calls and all(c.get("synced_gpus") is True for c in calls)
+    calls.clear()
+    alone = evaluate_tasks(model, tokenizer, harness_tasks([str(task)], None, "--tasks"), limit=4)
+    assert calls and not any(c.get("synced_gpus") for c in calls)
+    assert synced == alone and set(alone["tiny_gen"]) >= {"exact_match", "chrf"}
