@@ -334,10 +334,16 @@ def test_a_failing_evaluation_stops_the_run_with_its_steps_checkpoint_written(
         assert train(job)["steps"] == 4
 
 
-def test_generate_until_tasks_generate_in_lockstep_on_several_ranks(tiny_model_dir: Path, harness_task: Path, tmp_path: Path) -> None:
+def test_generate_until_tasks_generate_in_lockstep_on_several_ranks(
+    tiny_model_dir: Path, harness_task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With several ranks, lm-eval's generation runs with ``synced_gpus``: every rank steps
     until all are done, lockstep by construction, not by greedy outputs agreeing to the bit
-    (here one rank of a gloo group, so the synced path runs for real)."""
+    (here one rank of a gloo group, so the synced path runs for real). As in a training worker,
+    nothing is forked: lm-eval's pool for chrF's bootstrapped stderr would copy the locks of the
+    worker's threads (a child stuck on one hung a 2-rank zero3 run)."""
+    import multiprocessing
+
     import torch.distributed as dist
     import transformers
 
@@ -356,9 +362,15 @@ def test_generate_until_tasks_generate_in_lockstep_on_several_ranks(tiny_model_d
         return generate(*args, **kwargs)
 
     model.generate = recording
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a training worker must not fork")
+
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        synced = evaluate_tasks(model, tokenizer, harness_tasks([str(task)], None, "--tasks"), limit=4, synced=True)
+        with monkeypatch.context() as patched:
+            patched.setattr(multiprocessing, "Pool", no_pool)
+            synced = evaluate_tasks(model, tokenizer, harness_tasks([str(task)], None, "--tasks"), limit=4, synced=True, forks=False)
     finally:
         dist.destroy_process_group()
     assert calls and all(c.get("synced_gpus") is True for c in calls)

@@ -147,6 +147,30 @@ class _PassedAModelObject:
 _QUIET = _PassedAModelObject()
 
 
+@contextlib.contextmanager
+def _no_fork(forks: bool) -> Iterator[None]:
+    """lm-eval bootstraps a corpus metric's stderr (chrF, BLEU, TER) in a ``multiprocessing``
+    pool of forked processes unless ``DISABLE_MULTIPROC`` is set. A training worker runs threads
+    (gloo's, the tokenizers' pool): a fork copies a lock one of them holds, and the child waits
+    on it forever, and with it its rank and every other rank at the next collective (seen here
+    under zero3: a chrF task hung a 2-rank run). Without ``forks`` the bootstrap runs in this
+    process; the variable is put back after."""
+    import os
+
+    if forks:
+        yield
+        return
+    before = os.environ.get("DISABLE_MULTIPROC")
+    os.environ["DISABLE_MULTIPROC"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["DISABLE_MULTIPROC"]
+        else:
+            os.environ["DISABLE_MULTIPROC"] = before
+
+
 def _harness_lm(model: Any, tokenizer: Any | None, batch_size: int, synced: bool) -> Any:
     """lm-eval's ``HFLM`` on ``model``, generating with ``synced_gpus`` where ``synced``: every
     rank then keeps stepping until all are done, so ``generate_until`` tasks stay in lockstep
@@ -175,11 +199,13 @@ def evaluate_tasks(
     num_fewshot: int | None = None,
     batch_size: int = 8,
     synced: bool = False,
+    forks: bool = True,
 ) -> dict[str, dict[str, float]]:
     """Score ``model`` (a transformers model object, used as it is: not moved, not wrapped) on
     ``tasks``; returns ``{task: {metric: value}}``. ``tokenizer`` None: the demo model's bytes
     (:func:`acc_train.byte_tokenizer.byte_tokenizer`, as ``generate`` reads them). ``synced``:
-    several ranks run the same requests together (see :func:`_harness_lm`)."""
+    several ranks run the same requests together (see :func:`_harness_lm`). ``forks`` False: no
+    process is forked (a training worker; see :func:`_no_fork`)."""
     import logging
 
     import lm_eval
@@ -187,7 +213,7 @@ def evaluate_tasks(
 
     logging.getLogger(HFLM.__module__).addFilter(_QUIET)  # (added once: the same object)
     training = bool(getattr(model, "training", False))
-    with _same_random_state():
+    with _same_random_state(), _no_fork(forks):
         try:
             lm = _harness_lm(model, tokenizer, batch_size, synced)
             out = lm_eval.simple_evaluate(model=lm, tasks=tasks.load(), task_manager=tasks.manager, limit=limit, num_fewshot=num_fewshot, log_samples=False)
@@ -245,7 +271,7 @@ def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
     with run.job.strategy.generation_model(run.accelerator, run.model) as model:
         scores = evaluate_tasks(
             model, tokenizer, tasks, limit=settings.harness_limit, num_fewshot=settings.harness_num_fewshot,
-            batch_size=settings.harness_batch_size, synced=run.accelerator.num_processes > 1,
+            batch_size=settings.harness_batch_size, synced=run.accelerator.num_processes > 1, forks=False,
         )  # fmt: skip
     call_lifecycle("acc_train_eval_end", run=run, step=step, metrics={"step": step, "harness": scores})
     return scores
