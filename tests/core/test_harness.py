@@ -378,3 +378,6 @@ def test_generate_until_tasks_generate_in_lockstep_on_several_ranks(
     alone = evaluate_tasks(model, tokenizer, harness_tasks([str(task)], None, "--tasks"), limit=4)
     assert calls and not any(c.get("synced_gpus") for c in calls)
     assert synced == alone and set(alone["tiny_gen"]) >= {"exact_match", "chrf"}
+    command = acc_train("eval", str(tiny_model_dir), "--tasks", str(task), "--limit", "4")  # lm-eval's prints stay off stdout
+    assert command.exit_code == 0, command.output
+    assert scores_of(command.stdout) == {"tiny_gen": pytest.approx(alone["tiny_gen"], abs=1e-4)}

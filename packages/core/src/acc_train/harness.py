@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -213,7 +214,9 @@ def evaluate_tasks(
 
     logging.getLogger(HFLM.__module__).addFilter(_QUIET)  # (added once: the same object)
     training = bool(getattr(model, "training", False))
-    with _same_random_state(), _no_fork(forks):
+    # lm-eval prints progress to stdout ("bootstrapping for stddev: chrf"): sent to stderr, so
+    # stdout holds only the scores (acc-train eval's TASK METRIC VALUE lines)
+    with _same_random_state(), _no_fork(forks), contextlib.redirect_stdout(sys.stderr):
         try:
             lm = _harness_lm(model, tokenizer, batch_size, synced)
             out = lm_eval.simple_evaluate(model=lm, tasks=tasks.load(), task_manager=tasks.manager, limit=limit, num_fewshot=num_fewshot, log_samples=False)
