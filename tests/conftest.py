@@ -339,6 +339,27 @@ metric_list:
   - metric: acc
 """
 
+#: a generate_until task over the same file (``{data}``): greedy, a few words after the context,
+#: scored by exact match and chrF (a score that moves with the text generated)
+GENERATE_TASK_YAML = """\
+task: tiny_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{choices[answer]}}}}"
+generation_kwargs:
+  until: ["."]
+  max_gen_toks: 4
+  do_sample: false
+metric_list:
+  - metric: exact_match
+  - metric: chrf
+"""
+
 
 @pytest.fixture(scope="session")
 def harness_task(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -92,7 +92,7 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
         ("train_start", 0),
         ("step_end", 1), ("log", 1), ("step_end", 2), ("step_end", 3), ("log", 2), ("log", 3), ("eval_end", 3),
         ("step_end", 4), ("log", 4), ("checkpoint_saved", 4), ("step_end", 5),
-        ("step_end", 6), ("log", 5), ("log", 6), ("eval_end", 6), ("checkpoint_saved", 6),
+        ("step_end", 6), ("log", 5), ("log", 6), ("checkpoint_saved", 6), ("eval_end", 6),  # saved before evaluating
         ("train_end", 6),
     ]  # fmt: skip
     assert summary["distributed_type"] == "DistributedType.NO" and summary["world_size"] == 1

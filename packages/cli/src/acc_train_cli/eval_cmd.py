@@ -24,11 +24,11 @@ def eval_command(path: str, tasks: str, include_path: str | None, limit: int | N
     """Score the model of RUN_OR_CHECKPOINT on lm-evaluation-harness tasks, one line per task
     and metric (TASK METRIC VALUE): a run's output directory (its final/, else its latest
     checkpoint), a checkpoint written under any strategy and world size (LoRA adapters
-    applied), or a save_pretrained directory. Needs pip install 'acc-train-core[eval]'."""
+    applied), or a save_pretrained directory; the demo model's text is bytes, as for generate.
+    Needs pip install 'acc-train-core[eval]'."""
     import json
     from pathlib import Path
 
-    from acc_train.errors import UserError
     from acc_train.generate import load_for_generation
     from acc_train.harness import evaluate_tasks, harness_tasks, require_lm_eval, score_lines
 
@@ -37,12 +37,6 @@ def eval_command(path: str, tasks: str, include_path: str | None, limit: int | N
     resolved = harness_tasks(names, include_path, "--tasks", include_path_where="--include-path")  # before the model loads
     model, tokenizer, source = load_for_generation(path)
     click.echo(f"model: {source}", err=True)
-    if tokenizer is None:
-        raise UserError(
-            "the demo model reads bytes and has no tokenizer; lm-evaluation-harness needs one",
-            where="RUN_OR_CHECKPOINT",
-            hint="evaluate a model trained with a tokenizer (model.name_or_path / model.tokenizer)",
-        )
     import torch
 
     model = model.to("cuda" if torch.cuda.is_available() else "cpu")  # as acc-train generate: the GPU when there is one

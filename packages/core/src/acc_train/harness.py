@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,17 +148,65 @@ class _PassedAModelObject:
 _QUIET = _PassedAModelObject()
 
 
+@contextlib.contextmanager
+def _no_fork(forks: bool) -> Iterator[None]:
+    """lm-eval bootstraps a corpus metric's stderr (chrF, BLEU, TER) in a ``multiprocessing``
+    pool of forked processes unless ``DISABLE_MULTIPROC`` is set. A training worker runs threads
+    (gloo's, the tokenizers' pool): a fork copies a lock one of them holds, and the child waits
+    on it forever, and with it its rank and every other rank at the next collective (seen here
+    under zero3: a chrF task hung a 2-rank run). Without ``forks`` the bootstrap runs in this
+    process; the variable is put back after."""
+    import os
+
+    if forks:
+        yield
+        return
+    before = os.environ.get("DISABLE_MULTIPROC")
+    os.environ["DISABLE_MULTIPROC"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["DISABLE_MULTIPROC"]
+        else:
+            os.environ["DISABLE_MULTIPROC"] = before
+
+
+def _harness_lm(model: Any, tokenizer: Any | None, batch_size: int, synced: bool) -> Any:
+    """lm-eval's ``HFLM`` on ``model``, generating with ``synced_gpus`` where ``synced``: every
+    rank then keeps stepping until all are done, so ``generate_until`` tasks stay in lockstep
+    under a sharded strategy even where ranks' greedy outputs part (a stop sequence met on one
+    rank a token earlier), as HF Trainer generates under ZeRO-3. ``tokenizer`` None: bytes,
+    with a newline before a text that has no context (the byte tokenizer's ``PREFIX_ID``)."""
+    from lm_eval.models.huggingface import HFLM
+
+    from acc_train.byte_tokenizer import PREFIX_ID, byte_tokenizer
+
+    class SyncedHFLM(HFLM):
+        def _model_generate(self, context: Any, max_length: int, stop: list[str], **generation_kwargs: Any) -> Any:
+            return super()._model_generate(context, max_length, stop, synced_gpus=True, **generation_kwargs)
+
+    extra = {"prefix_token_id": PREFIX_ID} if tokenizer is None else {}
+    tokenizer = byte_tokenizer() if tokenizer is None else tokenizer
+    return (SyncedHFLM if synced else HFLM)(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, **extra)
+
+
 def evaluate_tasks(
-    model: Any, tokenizer: Any | None, tasks: HarnessTasks, *, limit: int | None = None, num_fewshot: int | None = None, batch_size: int = 8
+    model: Any,
+    tokenizer: Any | None,
+    tasks: HarnessTasks,
+    *,
+    limit: int | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int = 8,
+    synced: bool = False,
+    forks: bool = True,
 ) -> dict[str, dict[str, float]]:
     """Score ``model`` (a transformers model object, used as it is: not moved, not wrapped) on
-    ``tasks``; returns ``{task: {metric: value}}``."""
-    if tokenizer is None:
-        raise UserError(
-            "the demo model reads bytes and has no tokenizer; lm-evaluation-harness needs one",
-            where=tasks.where,
-            hint="evaluate a model trained with a tokenizer (model.name_or_path / model.tokenizer)",
-        )
+    ``tasks``; returns ``{task: {metric: value}}``. ``tokenizer`` None: the demo model's bytes
+    (:func:`acc_train.byte_tokenizer.byte_tokenizer`, as ``generate`` reads them). ``synced``:
+    several ranks run the same requests together (see :func:`_harness_lm`). ``forks`` False: no
+    process is forked (a training worker; see :func:`_no_fork`)."""
     import logging
 
     import lm_eval
@@ -165,9 +214,11 @@ def evaluate_tasks(
 
     logging.getLogger(HFLM.__module__).addFilter(_QUIET)  # (added once: the same object)
     training = bool(getattr(model, "training", False))
-    with _same_random_state():
+    # lm-eval prints progress to stdout ("bootstrapping for stddev: chrf"): sent to stderr, so
+    # stdout holds only the scores (acc-train eval's TASK METRIC VALUE lines)
+    with _same_random_state(), _no_fork(forks), contextlib.redirect_stdout(sys.stderr):
         try:
-            lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+            lm = _harness_lm(model, tokenizer, batch_size, synced)
             out = lm_eval.simple_evaluate(model=lm, tasks=tasks.load(), task_manager=tasks.manager, limit=limit, num_fewshot=num_fewshot, log_samples=False)
         finally:
             if training:  # HFLM switches the model to eval mode
@@ -184,18 +235,12 @@ def score_lines(scores: dict[str, dict[str, float]]) -> list[str]:
 
 
 def check_job_harness(config: Any) -> HarnessTasks | None:
-    """Before launch: ``eval.harness_tasks`` can run (lm-eval installed, a tokenizer, every task
-    known and loadable), so a mistake is exit 2 now, not at the first evaluation."""
+    """Before launch: ``eval.harness_tasks`` can run (lm-eval installed, every task known and
+    loadable), so a mistake is exit 2 now, not at the first evaluation."""
     settings: HarnessSettings = config.eval
     if not settings.harness_tasks:
         return None
     require_lm_eval("eval.harness_tasks")
-    if config.model.name_or_path is None and config.model.tokenizer is None:
-        raise UserError(
-            "the demo model reads bytes and has no tokenizer; lm-evaluation-harness needs one",
-            where="eval.harness_tasks",
-            hint="name a model with a tokenizer (model.name_or_path), or drop eval.harness_tasks",
-        )
     tasks = harness_tasks(settings.harness_tasks, settings.harness_include_path, "eval.harness_tasks", include_path_where="eval.harness_include_path")
     tasks.load()
     return tasks
@@ -213,7 +258,9 @@ def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
     gather each unit's weights for every forward in lockstep, as training does: no rank holds a full copy of the model, and what a
     strategy does to its parameters stays the strategy's. lm-eval, given a model object, splits
     no work across processes (its rank 0 of 1 on each), so every rank computes the same scores;
-    the main process records them. The cost is every rank doing the whole evaluation.
+    the main process records them. The cost is every rank doing the whole evaluation. With more
+    than one rank, ``generate_until`` tasks generate with ``synced_gpus``, as ``eval.samples``
+    does: lockstep by construction, not by every rank's greedy tokens agreeing to the bit.
     """
     from acc_train.model import load_tokenizer
     from acc_train.plugins import call_lifecycle
@@ -225,6 +272,9 @@ def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
         run.extras[_EXTRAS_KEY] = (tasks, load_tokenizer(cfg.model))
     tasks, tokenizer = run.extras[_EXTRAS_KEY]
     with run.job.strategy.generation_model(run.accelerator, run.model) as model:
-        scores = evaluate_tasks(model, tokenizer, tasks, limit=settings.harness_limit, num_fewshot=settings.harness_num_fewshot, batch_size=settings.harness_batch_size)
+        scores = evaluate_tasks(
+            model, tokenizer, tasks, limit=settings.harness_limit, num_fewshot=settings.harness_num_fewshot,
+            batch_size=settings.harness_batch_size, synced=run.accelerator.num_processes > 1, forks=False,
+        )  # fmt: skip
     call_lifecycle("acc_train_eval_end", run=run, step=step, metrics={"step": step, "harness": scores})
     return scores

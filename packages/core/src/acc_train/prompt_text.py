@@ -1,16 +1,27 @@
 """Prompts as token ids and token ids as text, for generation: text is tokenized as training
-tokenizes it (the run's tokenizer, or bytes for the demo model, which has none), chat messages
-are rendered with the tokenizer's chat template and its generation prompt. ``acc-train
-generate`` and the samples a run writes at its evaluations (``eval.samples``) share it."""
+tokenizes it (the run's tokenizer, or bytes for the demo model, which has none: read and written
+by :func:`acc_train.byte_tokenizer.byte_tokenizer`, the one byte tokenizer, which lm-evaluation-harness
+gets too), chat messages are rendered with the tokenizer's chat template and its generation
+prompt. ``acc-train generate`` and the samples a run writes at its evaluations (``eval.samples``)
+share it."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 from acc_train.errors import UserError
 
 __all__ = ["chat_template", "check_prompts", "encode_prompt", "decode_tokens", "prompt_label"]
+
+
+@functools.cache
+def _bytes() -> Any:
+    """The byte tokenizer, built once for this module's reads (never changed here)."""
+    from acc_train.byte_tokenizer import byte_tokenizer
+
+    return byte_tokenizer()
 
 
 def chat_template(tokenizer: Any) -> str | None:
@@ -58,7 +69,7 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[Any], *, where: str, ch
             raise _no_template(tokenizer, where, "drop --chat" if chat else "give the prompt as a string")
         ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
     elif tokenizer is None:
-        ids = list(str(prompt).encode("utf-8"))
+        ids = list(_bytes().encode(str(prompt)))
     else:
         ids = list(tokenizer(prompt)["input_ids"])
     if not ids:
@@ -68,9 +79,7 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[Any], *, where: str, ch
 
 def decode_tokens(tokenizer: Any, ids: Sequence[int]) -> str:
     """The text of generated ids (special tokens left out; bytes for the demo model)."""
-    if tokenizer is None:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-    return str(tokenizer.decode(list(ids), skip_special_tokens=True))
+    return str((_bytes() if tokenizer is None else tokenizer).decode(list(ids), skip_special_tokens=True))
 
 
 def prompt_label(prompt: Any) -> str:

@@ -1,4 +1,6 @@
-"""The optimizer-step loop: forward, backward, step, log, evaluate, save, until ``max_steps``.
+"""The optimizer-step loop: forward, backward, step, log, save, evaluate, until ``max_steps``.
+A step's checkpoint is saved before its evaluations, so an evaluation that fails costs no
+trained step: the run stops naming it, and resumes from that checkpoint.
 
 It knows nothing strategy-specific and fires lifecycle hooks rather than writing outputs itself
 (core's reporter writes ``metrics.jsonl``). It reads values back from the accelerator only every
@@ -21,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point
+from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point, step_dir_name
+from acc_train.errors import UserError
 from acc_train.harness import run_harness
 from acc_train.loop.ledger import StepClock, StepLedger, StepReading, StepValues
 from acc_train.loop.loss import eval_loss, packed_mask_kind, sequence_shards, step_windows, token_loss
@@ -93,6 +96,28 @@ class LoopResult:
     first_batch_at: float | None = None
     #: real tokens (padding left out) this run trained on, all ranks
     tokens: int = 0
+
+
+#: the evaluation loss's config keys, as an evaluation failure names them
+EVAL_LOSS = "data.eval_files / data.eval_fraction"
+
+
+def evaluation_failed(where: str, step: int, exc: Exception, saved: list[str]) -> UserError:
+    """The error a failed evaluation stops the run with: which evaluation, after which step,
+    what it raised, and which checkpoint a resume continues from."""
+    what = exc.message if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+    what = (what.splitlines() or [""])[0]
+    if saved:
+        name = Path(saved[-1]).name
+        kept = f"checkpoint {name} is written{' (this step)' if name == step_dir_name(step) else ''}: fix the cause and continue with --resume latest"
+    else:
+        kept = "no checkpoint was written before it (checkpoint.every): fix the cause and start the run again"
+    hint = exc.hint if isinstance(exc, UserError) and exc.hint else None
+    return UserError(
+        f"the evaluation after step {step} failed: {what}",
+        where=where,
+        hint=f"{hint}; {kept}" if hint else kept,
+    )
 
 
 def evaluate(accelerator: Any, model: Any, eval_dl: Any, mask: str | None = None, config: Any = None) -> float:
@@ -172,6 +197,34 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
         call_lifecycle("acc_train_checkpoint_saved", run=run, step=step, path=str(path))
 
     manager.on_commit = committed
+
+    def eval_loss_now(step: int) -> None:
+        result.eval_loss = evaluate(accelerator, model, inputs.eval_dl, mask, attention_config)
+        call_lifecycle("acc_train_eval_end", run=run, step=step, metrics={"step": step, "eval_loss": result.eval_loss})
+
+    def harness_now(step: int) -> None:
+        result.harness, result.harness_step = run_harness(run, step), step
+
+    evaluators = [
+        *([(EVAL_LOSS, eval_loss_now)] if inputs.eval_dl is not None else []),
+        *([("eval.samples", samples.at_evaluation)] if samples.active else []),
+        *([("eval.harness_tasks", harness_now)] if harness else []),
+    ]
+
+    def run_evaluations(step: int) -> None:
+        """The step's evaluations, after its checkpoint (when one is due) is saved: one that
+        raises (lm-eval out of memory, a task's dataset gone) stops the run as a UserError
+        naming it and the step, with every checkpoint saved so far committed, so no trained
+        step is lost to it and ``--resume latest`` continues (as HF Trainer and Lightning, the
+        run stops rather than train on without the scores it was asked for)."""
+        for where, evaluate_one in evaluators:
+            try:
+                evaluate_one(step)
+            except torch.distributed.DistError:
+                raise  # a lost peer is the process group's failure, reported as such (no collective now)
+            except Exception as exc:  # noqa: BLE001 - whatever failed is reported by name, the checkpoint kept
+                manager.finish()  # an asynchronous save still being written is committed first
+                raise evaluation_failed(where, step, exc, result.saved) from exc
     model.train()
     clock = StepClock(accelerator.device)
     step_loss: Any = None
@@ -220,20 +273,15 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                 call_lifecycle("acc_train_step_end", run=run, step=state.step, metrics=step_metrics)
                 if reads_at(state.step) or stop_signal is not None:
                     log_rows(ledger.read())
-                if evaluating(state.step) and inputs.eval_dl is not None:
-                    result.eval_loss = evaluate(accelerator, model, inputs.eval_dl, mask, attention_config)
-                    call_lifecycle("acc_train_eval_end", run=run, step=state.step, metrics={"step": state.step, "eval_loss": result.eval_loss})
-                if evaluating(state.step):
-                    samples.at_evaluation(state.step)
-                if harness and evaluating(state.step):
-                    result.harness, result.harness_step = run_harness(run, state.step), state.step
-                if saving(state.step) or stop_signal is not None:
+                if saving(state.step) or stop_signal is not None:  # before the step's evaluations: see run_evaluations
                     state.elapsed_s = elapsed_before + time.perf_counter() - t_start
                     if inputs.stream is not None:  # every rank's position after the rows this step used
                         from accelerate.utils import gather_object
 
                         state.stream = gather_object([inputs.stream.state_dict()])
                     manager.save(model, optimizer, scheduler, state)
+                if evaluating(state.step):
+                    run_evaluations(state.step)
                 if evaluating(state.step) or saving(state.step) or stop_signal is not None:
                     clock.restart()  # evaluation and saving stay out of the step time
                 if stop_signal is not None and not last:
