@@ -10,10 +10,11 @@ process, on the GPU when there is one.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from acc_train.byte_tokenizer import byte_tokenizer
 from acc_train.errors import UserError
 from acc_train.prompt_text import decode_tokens, encode_prompt
 
@@ -81,13 +82,6 @@ def load_for_generation(path: str) -> tuple[Any, Any | None, str]:
     return model, tokenizer, source
 
 
-class _ByteText:
-    """The demo model's "tokenizer" as a streamer calls it: ids are bytes (:func:`decode_tokens`)."""
-
-    def decode(self, ids: int | Sequence[int], **_: Any) -> str:
-        return decode_tokens(None, [ids] if isinstance(ids, int) else ids)
-
-
 def text_stream(tokenizer: Any | None, emit: Callable[[str], None] | None) -> Any:
     """A ``transformers.TextStreamer`` that hands its text to ``emit`` (None: keeps it to itself)
     and keeps the new ids in ``made``. The streamer skips the prompt and holds text back until it
@@ -97,7 +91,7 @@ def text_stream(tokenizer: Any | None, emit: Callable[[str], None] | None) -> An
 
     class Stream(TextStreamer):
         def __init__(self) -> None:
-            super().__init__(tokenizer if tokenizer is not None else _ByteText(), skip_prompt=True, skip_special_tokens=True)
+            super().__init__(tokenizer if tokenizer is not None else byte_tokenizer(), skip_prompt=True, skip_special_tokens=True)
             self.made: list[int] = []
 
         def put(self, value: Any) -> None:
