@@ -540,6 +540,12 @@ class FSDPStrategy(Strategy[FSDPOptions]):
 
         units = FullyShardedDataParallel.fsdp_modules(model)
         if not units:  # FSDP2: DTensors, which the default understands
+            # as a rank holds them between steps: FSDP2 leaves the root's parameters gathered after
+            # a forward (for the backward), so after the last evaluation's forward they are whole
+            # on every rank until they are sharded again (run.json measures right after this)
+            from acc_train_fsdp.generation import reshard
+
+            reshard(accelerator.unwrap_model(model, keep_torch_compile=False))
             return super().parameter_elements(accelerator, model)
         local = total = 0
         for unit in units:
