@@ -90,7 +90,7 @@ class Order:
         self.calls.append("train_start")
 
 
-def _train(out: Path, resume: bool = False) -> tuple[dict[str, Any], list[str]]:
+def _train(out: Path, resume: bool = False, strategy: str = NAME) -> tuple[dict[str, Any], list[str]]:
     """The tiny demo job, 6 steps checkpointed every 3, in this process under the test plugin:
     (run.json's content, when the strategy's state came back relative to ``train_start``)."""
     from acc_train.config import load_job
@@ -109,7 +109,7 @@ def _train(out: Path, resume: bool = False) -> tuple[dict[str, Any], list[str]]:
 
     strategy_cls.load_state_dict = recorded  # type: ignore[method-assign]
     try:
-        flags = {"output_dir": (str(out), "--output-dir"), "training.max_steps": (6, "--max-steps"), "strategy.name": (NAME, "--strategy")}
+        flags = {"output_dir": (str(out), "--output-dir"), "training.max_steps": (6, "--max-steps"), "strategy.name": (strategy, "--strategy")}
         if resume:
             flags["resume"] = ("latest", "--resume")
         job = load_job(flags=flags, sets=[*TINY_DEMO, "checkpoint.every=3", "checkpoint.keep_last=null"])
@@ -118,7 +118,7 @@ def _train(out: Path, resume: bool = False) -> tuple[dict[str, Any], list[str]]:
         strategy_cls.load_state_dict = loaded  # type: ignore[method-assign]
 
 
-def test_a_strategys_own_state_survives_stop_and_resume_exactly(tmp_path: Path, single_process: None) -> None:
+def test_a_strategys_own_state_survives_stop_and_resume_exactly(tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]) -> None:
     from acc_train.metrics import read_metrics
 
     full, calls = _train(tmp_path / "run")
@@ -151,6 +151,12 @@ def test_a_strategys_own_state_survives_stop_and_resume_exactly(tmp_path: Path, 
         strategy_cls.load_state_dict = original  # type: ignore[method-assign]
     c = read_metrics(forgetful).steps
     assert any(abs(c[s]["loss"] - a[s]["loss"]) > 1e-6 for s in (4, 5, 6)), "the error feedback changes nothing: this test proves nothing"
+
+    # another strategy resuming the checkpoint is not handed the state: it says so and starts afresh
+    capsys.readouterr()
+    _, calls = _train(stopped_copy(tmp_path / "run", tmp_path / "as-ddp", saved=3, lost=6), resume=True, strategy="ddp")
+    assert calls == ["train_start"]
+    assert f'per-rank state of strategy "{NAME}" is not restored (strategy "{NAME}" wrote it, and this run has strategy "ddp"' in capsys.readouterr().err
 
 
 @pytest.mark.launch

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,9 @@ from acc_train.errors import PluginError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["strategy_state_files", "split_strategy_state", "join_strategy_state", "write_strategy_state", "read_strategy_state"]
+    from acc_train.run import RunContext
+
+__all__ = ["strategy_state_files", "split_strategy_state", "join_strategy_state", "write_strategy_state", "read_strategy_state", "hand_back"]
 
 _JSON_LEAVES = (str, int, float, bool, type(None))
 
@@ -72,16 +75,19 @@ def join_strategy_state(document: dict[str, Any], tensors: dict[str, torch.Tenso
     return state
 
 
-def write_strategy_state(directory: Path, rank: int, owner: str, state: dict[str, Any]) -> None:
-    """Write ``rank``'s strategy state into a checkpoint directory; nothing for an empty state."""
+def write_strategy_state(directory: Path, run: RunContext) -> None:
+    """Write this rank's state of the run's strategy (``Strategy.state_dict``) into a checkpoint
+    directory; nothing for an empty state."""
+    strategy = run.job.strategy
+    state = strategy.state_dict(run)
     if not state:
         return
     from safetensors.torch import save_file
 
-    document, tensors = split_strategy_state(state, owner)
-    json_name, tensors_name = strategy_state_files(rank)
+    document, tensors = split_strategy_state(state, strategy.name)
+    json_name, tensors_name = strategy_state_files(run.accelerator.process_index)
     save_file(tensors, str(directory / tensors_name))
-    (directory / json_name).write_text(json.dumps({"strategy": owner, **document}, allow_nan=False))
+    (directory / json_name).write_text(json.dumps({"strategy": strategy.name, **document}, allow_nan=False))
 
 
 def read_strategy_state(directory: Path, rank: int) -> tuple[str, dict[str, Any]] | None:
@@ -93,6 +99,31 @@ def read_strategy_state(directory: Path, rank: int) -> tuple[str, dict[str, Any]
 
     document = json.loads((directory / json_name).read_text())
     return document["strategy"], join_strategy_state(document, load_file(str(directory / tensors_name)))
+
+
+def hand_back(run: RunContext, resumed: tuple[Path, int] | None) -> None:
+    """Give the run's strategy (``Strategy.load_state_dict``) the state its rank saved in the
+    resumed checkpoint (``resumed``: its path and world size; None for a fresh run), when a
+    strategy of the same name wrote it under as many processes: another strategy's state is not
+    its own, and per-rank state does not carry over to another number of ranks. Otherwise the
+    strategy's state starts afresh, and the main process says so. Nothing is called for a
+    checkpoint that holds no such state."""
+    if resumed is None:
+        return
+    checkpoint, written_world = resumed
+    strategy, accelerator = run.job.strategy, run.accelerator
+    loaded = read_strategy_state(checkpoint, accelerator.process_index)
+    if loaded is None:
+        return
+    owner, state = loaded
+    if owner == strategy.name and written_world == accelerator.num_processes:
+        strategy.load_state_dict(run, state)
+    elif accelerator.is_main_process:
+        why = f'strategy "{owner}" wrote it' if owner != strategy.name else f"{written_world} processes wrote it"
+        sys.stderr.write(
+            f'warning: the checkpoint\'s per-rank state of strategy "{owner}" is not restored ({why}, and this run has '
+            f'strategy "{strategy.name}" on {accelerator.num_processes}): the strategy\'s own state starts afresh\n'
+        )
 
 
 def _check_json(value: Any, owner: str, where: str) -> None:
