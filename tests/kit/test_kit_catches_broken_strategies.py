@@ -1,13 +1,15 @@
 """The kit fails, with a clear message, on a deliberately broken strategy: its own tests.
 
 ``broken-dp`` is a real installed plugin (a dist-info on ``PYTHONPATH``, so the launched workers
-find it too) that gets three things wrong: its options schema allows unknown keys; it skips
-DDP's gradient all-reduce yet declares itself equivalent to DDP; and, its ranks having
-drifted apart, it still checkpoints one copy of what it takes for replicated state, so a resume
-cannot reproduce the run and the exported model is not the checkpointed one. The same plugin registers two strategies that train correctly but
+find it too) that gets these things wrong: its options schema allows unknown keys; it registers
+but never syncs (it skips DDP's gradient all-reduce), so its ranks diverge, yet it declares itself
+equivalent to DDP; its ranks having drifted apart, it still checkpoints one copy of what it takes
+for replicated state, so a resume cannot reproduce the run and the exported model is not the
+checkpointed one; and the effect its tests state (``allreduce_buckets``) is a constant that
+counts nothing. The same plugin registers two strategies that train correctly but
 report falsely: ``broken-fallback`` says it is Accelerate's FSDP yet accepts the silent fallback
 to DDP that Accelerate makes on CPU, and ``broken-replica`` says it shards its parameters yet
-holds a whole replica on every rank.
+holds a whole replica on every rank, and shows none of the effect its tests state.
 The kit runs on them (and on a name nothing registers) in a separate pytest session, and each
 defect must fail its own test with a message that says what is wrong, while the rest pass. To
 keep the launches few, the two false reporters skip the resume test (a second launch each,
@@ -46,6 +48,9 @@ class BrokenDP(Strategy):
 
     def equivalent_to_ddp(self):
         return True  # broken: it does not all-reduce gradients
+
+    def summary(self, accelerator):
+        return {"allreduce_buckets": 3}  # broken: a constant, not a count of anything it did
 
 
 class FallbackFSDP(Strategy):
@@ -91,7 +96,10 @@ import pytest
 
 from acc_train.testing import TestStrategyConformance  # noqa: F401
 
-pytestmark = pytest.mark.acc_train_strategy("broken-dp", "broken-fallback", "broken-replica", "no-such-strategy")
+pytestmark = pytest.mark.acc_train_strategy(
+    "broken-dp", "broken-fallback", "broken-replica", "no-such-strategy",
+    effects={"broken-dp": "allreduce_buckets", "broken-replica": "shard_gathers"},  # what each claims to do of its own
+)
 '''
 
 
@@ -134,6 +142,9 @@ DEFECTS = [
     ("broken-dp", "test_exported_model_holds_the_checkpointed_weights", "differs from the step-12 checkpoint's: the exported model is not the trained one"),
     ("broken-fallback", "test_runs_as_the_distributed_type_it_claims", "processes ran as MULTI_CPU: it silently fell back to another distributed type"),
     ("broken-replica", "test_each_rank_holds_the_parameter_share_it_claims", "it replicates the model instead of sharding it"),
+    ("broken-dp", "test_ranks_hold_the_same_parameters", "the ranks' parameters diverge"),
+    ("broken-dp", "test_its_distinguishing_effect_shows_in_run_json", "it does not count the strategy's work in a launch"),
+    ("broken-replica", "test_its_distinguishing_effect_shows_in_run_json", "shows no such key: the effect is absent"),
 ]
 
 
@@ -141,7 +152,7 @@ DEFECTS = [
 def test_what_each_broken_strategy_gets_right_passes(outcomes: dict[str, tuple[str, str]], strategy: str) -> None:
     defects = {test for name, test, _ in DEFECTS if name == strategy}
     ran = {name.split("[")[0]: result for name, result in outcomes.items() if name.endswith(f"[{strategy}]")}
-    assert len(ran) >= 8, sorted(ran)  # every kit test but, for the false reporters, the deselected resume
+    assert len(ran) >= 10, sorted(ran)  # every kit test but, for the false reporters, the deselected resume
     for test, (status, text) in ran.items():
         if test not in defects:
             assert status in ("passed", "skipped"), (strategy, test, text)
@@ -156,6 +167,6 @@ def test_each_defect_fails_its_own_test_with_a_clear_message(outcomes: dict[str,
 
 def test_a_strategy_nothing_registers_fails_every_check_by_name(outcomes: dict[str, tuple[str, str]]) -> None:
     checks = {name: result for name, result in outcomes.items() if name.endswith("[no-such-strategy]")}
-    assert len(checks) == 9 and all(status == "failed" for status, _ in checks.values()), checks
+    assert len(checks) == 11 and all(status == "failed" for status, _ in checks.values()), checks
     assert 'strategy "no-such-strategy" is not registered' in checks["test_registers_and_lists[no-such-strategy]"][1]
     assert 'unknown strategy "no-such-strategy"' in checks["test_options_schema_rejects_unknown_keys[no-such-strategy]"][1]

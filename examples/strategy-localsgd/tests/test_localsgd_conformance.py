@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from acc_train.api import read_strategy_state
 from acc_train.testing import KIT_RESUME_STEP, KIT_STEPS, KitRuns, TestStrategyConformance, kit_group  # noqa: F401
 
-pytestmark = pytest.mark.acc_train_strategy("local-sgd")
+# what distinguishes local SGD from plain DDP: the parameter averages a launch makes (run.json)
+pytestmark = pytest.mark.acc_train_strategy("local-sgd", effects={"local-sgd": "local_sgd_averages"})
 
 
 def _rank_tensors(directory: Path, rank: int) -> dict[str, Any]:
@@ -42,6 +44,11 @@ def test_ranks_train_apart_and_are_averaged_every_sync_every_steps(acc_train_kit
     assert all(a[k].equal(b[k]) for k in a)
     ranks = summary["per_rank"]
     assert ranks[0]["param_checksum"] == ranks[1]["param_checksum"]
+    assert summary["local_sgd_averages"] == KIT_STEPS // sync_every
+    # the helper's count, the strategy's own state, is in the checkpoint a resume starts from
+    assert [read_strategy_state(middle, rank) for rank in (0, 1)] == [("local-sgd", {"num_steps": KIT_RESUME_STEP})] * 2
+    resumed = json.loads((acc_train_kit.resumed("local-sgd") / "run.json").read_text())
+    assert resumed["local_sgd_averages"] == 2  # at steps 8 and 12
 
 
 def test_user_scripts_are_refused_rather_than_run_as_plain_ddp() -> None:

@@ -7,7 +7,12 @@ How it gets through acc-train's strategy-agnostic loop, using only the public co
 - ``acc_train_train_start`` registers a DDP communication hook that returns each rank's own
   gradients instead of all-reducing them, and sets up ``accelerate.local_sgd.LocalSGD``;
 - ``acc_train_step_end`` calls ``LocalSGD.step()``, which averages the parameters on every
-  K-th step, counted from the run's global step so a resumed run averages at the same steps;
+  K-th step of its own count;
+- that count is state the strategy owns: :meth:`LocalSGDStrategy.state_dict` saves it with every
+  checkpoint and :meth:`LocalSGDStrategy.load_state_dict` takes it back before the run starts
+  again, so a resumed run averages at the same steps;
+- run.json's ``local_sgd_averages`` counts the averages this launch made: the effect that tells
+  local SGD from plain DDP, which the conformance kit requires to be there and to change;
 - between averages the ranks hold different models and optimizer moments, so the checkpoint
   format :class:`PerRankFormat` writes each rank's own state.
 
@@ -23,12 +28,14 @@ from typing import Any
 
 from pydantic import Field
 
-from acc_train.api import CheckpointFormat, Strategy, StrategyOptions, UserError, hookimpl
+from acc_train.api import CheckpointFormat, RunContext, Strategy, StrategyOptions, UserError, hookimpl
 
 __all__ = ["LocalSGDOptions", "LocalSGDStrategy", "PerRankFormat"]
 
 #: where the plugin keeps its ``LocalSGD`` helper in ``RunContext.extras``
 EXTRAS_KEY = "local_sgd"
+#: where a resumed run's restored step count waits for ``acc_train_train_start``
+RESTORED_KEY = "local_sgd_restored"
 
 
 class LocalSGDOptions(StrategyOptions):
@@ -64,8 +71,19 @@ class LocalSGDStrategy(Strategy[LocalSGDOptions]):
             out[key] = tensor
         return out
 
+    #: parameter averages this process made in this launch (``summary`` is handed the accelerator alone)
+    averages = 0
+
     def summary(self, accelerator: Any) -> dict[str, Any]:
-        return {"sync_every": self.options.sync_every}
+        return {"sync_every": self.options.sync_every, "local_sgd_averages": self.averages}
+
+    def state_dict(self, run: RunContext) -> dict[str, Any]:
+        """The helper's step count, which decides when it averages next."""
+        helper = run.extras.get(EXTRAS_KEY)
+        return {"num_steps": helper.num_steps} if helper is not None else {}
+
+    def load_state_dict(self, run: RunContext, state: dict[str, Any]) -> None:
+        run.extras[RESTORED_KEY] = int(state["num_steps"])  # the helper is built at train start
 
 
 class PerRankFormat(CheckpointFormat):
@@ -126,7 +144,9 @@ def acc_train_train_start(run: Any) -> None:
         # hands each rank's own gradients back instead of all-reducing them
         run.model.register_comm_hook(state=None, hook=noop_hook)
     helper = LocalSGD(accelerator=run.accelerator, model=run.model, local_sgd_steps=strategy.options.sync_every, enabled=True)
-    helper.num_steps = run.step  # a resumed run continues the count
+    # a resumed run continues the count it saved (a checkpoint written before acc-train kept a
+    # strategy's own state has none: the count was the run's step then)
+    helper.num_steps = run.extras.pop(RESTORED_KEY, run.step)
     run.extras[EXTRAS_KEY] = helper
 
 
@@ -135,6 +155,8 @@ def acc_train_step_end(run: Any, step: int, metrics: dict[str, Any]) -> None:
     helper = run.extras.get(EXTRAS_KEY) if run is not None else None
     if helper is None:
         return
-    helper.step()  # averages the parameters when step is a multiple of sync_every
-    if step % run.job.strategy.options.sync_every == 0:
+    helper.step()  # averages the parameters when its count is a multiple of sync_every
+    strategy = run.job.strategy
+    if helper.enabled and helper.num_steps % strategy.options.sync_every == 0:
+        strategy.averages += 1
         metrics["local_sgd_averaged"] = True

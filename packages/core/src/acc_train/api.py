@@ -17,6 +17,7 @@ from acc_train.checkpoint import (
     flatten_optimizer_state,
     load_portable_into,
     read_portable_state,
+    read_strategy_state,
     state_dict_options,
     unflatten_optimizer_state,
     write_portable_state,
@@ -33,6 +34,7 @@ from acc_train.optimizer import OptimizerKind, OptimizerOptions
 from acc_train.model_state import ModelStateMeter, TorchOptimizerMeter, dtype_name, local_nbytes
 from acc_train.plugins import checkpoint_formats, optimizers, strategies, wrap_policies
 from acc_train.questions import Question
+from acc_train.run import RunContext
 from acc_train.strategy import DEFAULT_STRATEGY, Machine, Strategy, StrategyOptions, WrapPolicy
 from acc_train.tracker_kinds import TrackerKind
 from acc_train.user_files import read_user_json
@@ -43,13 +45,13 @@ if TYPE_CHECKING:
 __all__ = [
     # the strategy contract
     "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
-    # hooks, questions for the wizard, errors
-    "DataKind", "Tokenized", "packs_rows", "packs_continuous_text", "OptimizerKind", "OptimizerOptions", "TrackerKind", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
+    # hooks (the run they are handed), questions for the wizard, errors
+    "RunContext", "DataKind", "Tokenized", "packs_rows", "packs_continuous_text", "OptimizerKind", "OptimizerOptions", "TrackerKind", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
     # registries
     "checkpoint_formats", "optimizers", "strategies", "wrap_policies",
     # checkpoint formats and the portable state
     "CheckpointFormat", "DCPFormat", "flatten_optimizer_state", "load_portable_into", "read_portable_state",
-    "state_dict_options", "unflatten_optimizer_state", "write_portable_state",
+    "read_strategy_state", "state_dict_options", "unflatten_optimizer_state", "write_portable_state",
     # accounting for run.json and acc-train plan
     "MemoryPlan", "ModelStateMeter", "PlanInput", "TorchOptimizerMeter", "dtype_name", "local_nbytes", "replicated",
     # the model

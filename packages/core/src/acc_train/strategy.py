@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from acc_train.config import ResolvedJob
     from acc_train.memory_plan import MemoryPlan, PlanInput
     from acc_train.model_state import ModelStateMeter
+    from acc_train.run import RunContext
 
 __all__ = ["DEFAULT_STRATEGY", "Strategy", "StrategyOptions", "WrapPolicy", "Machine", "legacy_contract_problem"]
 
@@ -302,6 +303,22 @@ class Strategy(ABC, Generic[OptionsT]):
         multi = "MULTI_GPU" if machine.device_type == "cuda" else f"MULTI_{machine.device_type.upper()}"
         # one process: NO in-process, or a one-rank process group under the launcher
         return {"NO", multi} if machine.world_size == 1 else {multi}
+
+    def state_dict(self, run: RunContext) -> dict[str, Any]:
+        """This rank's state that the strategy keeps beyond model and optimizer (a comm hook's
+        error feedback, a step counter), so that a resumed run continues exactly. Called on every
+        rank at each checkpoint, with the run (``run.extras`` is where plugins keep per-run
+        objects). Return a dict with string keys whose leaves are tensors or JSON values, nested
+        in dicts: it is written per rank as safetensors plus JSON, never pickled. ``{}`` (the
+        default): nothing of its own."""
+        return {}
+
+    def load_state_dict(self, run: RunContext, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state_dict` returned on this rank, with tensors on the CPU. Called
+        on every rank of a resumed run, after model and optimizer are restored and before
+        ``acc_train_train_start``, when the checkpoint holds this strategy's state for this rank
+        (written by a strategy of the same name, under the same number of processes); otherwise
+        the run starts the strategy's state afresh, as a new run would."""
 
     def summary(self, accelerator: Accelerator) -> dict[str, Any]:
         """Extra keys for ``run.json`` (e.g. a ZeRO stage)."""

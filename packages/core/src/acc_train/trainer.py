@@ -250,6 +250,7 @@ def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | 
         model_state_meter=job.strategy.model_state_meter(accelerator, prepared.model, prepared.optimizer),
         mfu_basis=mfu_basis,
     )
+    manager.attach(run)  # the strategy's own state: restored now, saved with every checkpoint
     with reporting(run):
         call_lifecycle("acc_train_train_start", run=run)
         result = run_loop(

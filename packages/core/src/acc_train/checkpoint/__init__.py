@@ -9,6 +9,8 @@ One job per module:
 - :mod:`~acc_train.checkpoint.hashing`: hashing a checkpoint's files, shared by the ranks
 - :mod:`~acc_train.checkpoint.layout`: directory names, ``latest``, resolving ``--resume``
 - :mod:`~acc_train.checkpoint.rng`: every rank's random state
+- :mod:`~acc_train.checkpoint.strategy_state`: the state a strategy owns beyond model and
+  optimizer (``Strategy.state_dict``), per rank
 - :mod:`~acc_train.checkpoint.manager`: ``CheckpointManager`` (save, commit, retain, check,
   load) and ``TrainerState``
 - :mod:`~acc_train.checkpoint.faults`: fault injection for crash-safety tests
@@ -57,6 +59,7 @@ from acc_train.checkpoint.portable import (
     write_portable_state,
 )
 from acc_train.checkpoint.rng import capture_rng, restore_rng
+from acc_train.checkpoint.strategy_state import read_strategy_state, write_strategy_state
 
 __all__ = [
     "CheckpointFormat",
@@ -85,6 +88,8 @@ __all__ = [
     "resolve_checkpoint",
     "capture_rng",
     "restore_rng",
+    "read_strategy_state",
+    "write_strategy_state",
     "CheckpointManager",
     "TrainerState",
     "check_async_save",

@@ -10,6 +10,7 @@ Layout::
         ...                  } portable state where the format writes one
         trainer_state.json   step, epoch, data position, scheduler state
         rng-rank00000.json   python/numpy RNG; torch RNG states in rng-rank00000.safetensors
+        strategy-rank00000.json  the strategy's own state, if any (tensors in strategy-rank00000.safetensors)
         manifest.json        written last: a directory without it is never resumed from
 
 All ranks write into ``.staging-step-NNNNNN``, and each hashes its share of the files (those
@@ -61,12 +62,15 @@ from acc_train.checkpoint.manifest import (
 )
 from acc_train.checkpoint.portable import PORTABLE_DIR
 from acc_train.checkpoint.rng import capture_rng, restore_rng
+from acc_train.checkpoint.strategy_state import hand_back, write_strategy_state
 from acc_train.disk_full import raise_if_disk_full
 from acc_train.errors import UserError
 from acc_train.output_paths import readable, replace_file
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
+
+    from acc_train.run import RunContext
 
 __all__ = ["TrainerState", "CheckpointManager", "check_async_save"]
 
@@ -143,6 +147,13 @@ class CheckpointManager:
         self.loaded_via: str | None = None
         self._pending: tuple[Any, TrainerState, Path, StreamHashes] | None = None
         self._group: Any = None
+        self._run: RunContext | None = None  # whose strategy's own state each save writes (attach)
+        self._resumed: tuple[Path, int] | None = None  # the checkpoint load() restored, and its world size
+
+    def attach(self, run: RunContext) -> None:
+        """Bind the run before ``acc_train_train_start``: its strategy's own state comes back now, and each save writes it."""
+        self._run = run
+        hand_back(run, self._resumed)
 
     def discard_unfinished_saves(self) -> None:
         """Remove the staging directories of saves that were killed (main process). Called once
@@ -195,6 +206,8 @@ class CheckpointManager:
         rng_json, rng_tensors = capture_rng()
         write_json(staging / f"rng-rank{rank:05d}.json", rng_json)
         save_file(rng_tensors, str(staging / f"rng-rank{rank:05d}.safetensors"))
+        if self._run is not None:  # taken now, with the step's RNG: an asynchronous save's state is this step's too
+            write_strategy_state(staging, self._run)
         if acc.is_main_process:
             extra = {"scheduler": scheduler.state_dict()}
             if getattr(acc, "scaler", None) is not None:  # fp16 loss scale
@@ -376,6 +389,7 @@ class CheckpointManager:
             acc.scaler.load_state_dict(scaler_state)
         state = TrainerState(**{k: v for k, v in raw.items() if k in TrainerState.__dataclass_fields__})
         rank = acc.process_index
+        self._resumed = (path, manifest.get("world_size", acc.num_processes))  # the strategy's own state: attach(run)
         rng_json = path / f"rng-rank{rank:05d}.json"
         if rank < manifest.get("world_size", acc.num_processes) and rng_json.is_file():
             restore_rng(json.loads(rng_json.read_text()), load_file(str(path / f"rng-rank{rank:05d}.safetensors")))

@@ -3,6 +3,8 @@
 It stays idle unless asked: ``--acc-train-strategy NAME`` adds the standard suite
 (:class:`acc_train.testing.TestStrategyConformance`) for NAME to the session, and a test module
 marked ``acc_train_strategy("NAME", ...)`` that imports the suite class runs it for those names.
+A strategy states the effect that distinguishes it (a ``run.json`` key counting its own work in a
+launch) with the marker's ``effects={"NAME": "KEY"}`` or ``--acc-train-effect NAME=KEY``.
 Disable it altogether with ``-p no:acc_train``.
 """
 
@@ -12,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["MARKER", "OPTION"]
+__all__ = ["MARKER", "OPTION", "EFFECT_OPTION"]
 
 MARKER = "acc_train_strategy"
 OPTION = "--acc-train-strategy"
+EFFECT_OPTION = "--acc-train-effect"
 _ARG = "acc_train_strategy_name"
 
 
@@ -28,15 +31,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME",
         help="run acc-train's conformance suite against the strategy NAME (repeatable)",
     )
+    group.addoption(
+        EFFECT_OPTION,
+        action="append",
+        default=[],
+        metavar="NAME=KEY",
+        help="the run.json key that counts what strategy NAME does of its own in a launch; the suite requires it present and changing (repeatable)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(*names): run acc-train's conformance suite (acc_train.testing.TestStrategyConformance) "
-        "in this module or class against these strategies",
+        f"{MARKER}(*names, effects={{name: run.json key}}): run acc-train's conformance suite "
+        "(acc_train.testing.TestStrategyConformance) in this module or class against these strategies",
     )
     config.addinivalue_line("markers", "launch: starts worker processes through the elastic launcher (slow)")
+    if not config.pluginmanager.hasplugin("xdist"):  # the kit's groups mean nothing then, and warn nothing either
+        config.addinivalue_line("markers", "xdist_group(name): pytest-xdist keeps a group's tests on one worker (not installed here)")
     if config.getoption(OPTION):
         from acc_train.testing import suite
 
@@ -72,6 +84,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if name not in groups:
             groups[name] = kit_group(name)
         item.add_marker(pytest.mark.xdist_group(groups[name]))
+
+
+@pytest.fixture
+def acc_train_effect(request: pytest.FixtureRequest, acc_train_strategy_name: str) -> str | None:
+    """The ``run.json`` key that distinguishes the strategy under test, as its author stated it
+    (the marker's ``effects``, or ``--acc-train-effect``), or None where none is stated."""
+    effects = _effects(request.config.getoption(EFFECT_OPTION))
+    marker = request.node.get_closest_marker(MARKER)
+    stated = marker.kwargs.get("effects", {}) if marker is not None else {}
+    if not isinstance(stated, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in stated.items()):
+        raise pytest.UsageError(f'{request.node.nodeid}: {MARKER}(..., effects=...) takes {{"STRATEGY": "RUN_JSON_KEY"}}, got {stated!r}')
+    unknown = sorted(set(stated) - set(marker.args)) if marker is not None else []
+    if unknown:
+        raise pytest.UsageError(f"{request.node.nodeid}: {MARKER}'s effects name {unknown}, which the marker does not check; it checks {list(marker.args)}")
+    return {**stated, **effects}.get(acc_train_strategy_name)
+
+
+def _effects(values: list[str]) -> dict[str, str]:
+    out = {}
+    for value in values:
+        name, sep, key = value.partition("=")
+        if not sep or not name or not key:
+            raise pytest.UsageError(f"{EFFECT_OPTION} {value!r}: write NAME=KEY (the strategy, the run.json key of its effect)")
+        out[name] = key
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -45,6 +45,19 @@ def _metrics(run: Path) -> dict[int, MetricsRow]:
     return read_metrics(run).steps
 
 
+_MISSING = object()  # a key run.json lacks
+
+
+def _fact(summary: dict[str, Any], key: str) -> Any:
+    """run.json's value at ``key`` (dots reach into nested objects), or :data:`_MISSING`."""
+    node: Any = summary
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
 def _strategy(name: str) -> Any:
     """The strategy configured with its default options (or its preset's), in this process."""
     from acc_train import plugins
@@ -272,3 +285,61 @@ class TestStrategyConformance:
                 f'"{name}" declares itself equivalent to DDP, but at step {step} its loss is {ours[step]["loss"]!r} '
                 f"and DDP's {ddp[step]['loss']!r}"
             )
+
+    @pytest.mark.launch
+    def test_ranks_hold_the_same_parameters(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
+        """After the run's steps, every rank holds the same model: a strategy claiming replicas
+        (``Strategy.parameter_shards`` 1) holds equal parameters on every rank; one claiming
+        shards holds either the same gathered view on every rank or parts that add up to the
+        exported model. Compared by run.json's per-rank ``param_checksum`` (float64 sums)."""
+        from acc_train import Machine
+
+        name = acc_train_strategy_name
+        shards = _strategy(name).parameter_shards(Machine("cpu", 2))
+        run = acc_train_kit.full(name)
+        sums = {r["rank"]: r["param_checksum"] for r in json.loads((run / "run.json").read_text())["per_rank"]}
+        agree = all(v == pytest.approx(sums[0], rel=1e-7, abs=1e-9) for v in sums.values())
+        if shards == 1:
+            assert agree, (
+                f'"{name}" claims every rank holds the whole model (Strategy.parameter_shards is 1), but after {KIT_STEPS} '
+                f"steps the ranks' parameters diverge (rank: sum of parameters = {sums}): the ranks do not stay in sync "
+                "(are gradients all-reduced, or parameters averaged, by the last step?)"
+            )
+            return
+        if agree:  # every rank reports the whole (gathered) model
+            return
+        exported = float(sum(p.detach().double().sum().item() for p in self._final_model(run).parameters()))
+        assert sum(sums.values()) == pytest.approx(exported, rel=1e-6), (
+            f'"{name}" claims its parameters are split into {shards} shards, but the ranks\' parts (rank: sum of parameters = '
+            f"{sums}) neither agree nor add up to the exported model's {exported}: the ranks hold inconsistent shards"
+        )
+
+    @pytest.mark.launch
+    def test_its_distinguishing_effect_shows_in_run_json(
+        self, acc_train_strategy_name: str, acc_train_effect: str | None, acc_train_kit: KitRuns
+    ) -> None:
+        """The effect the plugin states (``effects={"NAME": "KEY"}`` on the marker, or
+        ``--acc-train-effect NAME=KEY``) is a run.json key counting the strategy's own work in a
+        launch (compressed all-reduces, parameter averages): present and non-zero in the kit's
+        run, and different in its resumed launch, which trains half the steps. A strategy that
+        registers but silently does nothing of its own (a hook never installed) fails here."""
+        name = acc_train_strategy_name
+        _strategy(name)  # an unknown name fails here
+        if acc_train_effect is None:
+            pytest.skip(
+                f'no distinguishing effect stated for "{name}": name the run.json key that counts its own work, '
+                f'pytest.mark.acc_train_strategy("{name}", effects={{"{name}": "KEY"}}) or --acc-train-effect {name}=KEY'
+            )
+        key = acc_train_effect
+        full = json.loads((acc_train_kit.full(name) / "run.json").read_text())
+        value = _fact(full, key)
+        assert value is not _MISSING and value not in (None, 0, False, "", [], {}), (
+            f'"{name}" states its effect as run.json\'s {key!r}, but its run of {KIT_STEPS} steps shows '
+            f"{'no such key' if value is _MISSING else repr(value)}: the effect is absent, the strategy silently did nothing of its own "
+            "(count its work in Strategy.summary; is its hook installed?)"
+        )
+        resumed = _fact(json.loads((acc_train_kit.resumed(name) / "run.json").read_text()), key)
+        assert resumed != value, (
+            f'"{name}"\'s effect {key!r} is {value!r} both in the kit\'s launch of {KIT_STEPS} steps and in its resumed launch '
+            f"of {KIT_STEPS - KIT_RESUME_STEP}: it does not count the strategy's work in a launch (a constant, such as an option?)"
+        )
