@@ -118,3 +118,46 @@ def test_the_activation_estimate_counts_what_the_attention_implementation_stores
         assert attention_score_factor("eager") == 2 and attention_score_factor("eager", 0.1) == 5
         assert measured["eager"] - measured["sdpa"] == pytest.approx(2 * 4 * s * s * b * 4, rel=0.02)
         assert estimate - activation_bytes(shape, b, s, "no", scores=0) == 2 * 4 * s * s * b * 4
+
+
+#: a Mixtral-shaped toy: 2 layers of 4 experts, each a gate-up (2I x H) and a down (H x I) matrix
+TINY_MIXTRAL = {
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "vocab_size": 256, "max_position_embeddings": 512, "tie_word_embeddings": False,
+}  # fmt: skip
+TINY_EXPERTS = 2 * 4 * (2 * 128 * 64 + 64 * 128)
+
+
+def test_zero3_counts_the_mixture_of_experts_weights_autograd_pins(tmp_path: Any) -> None:
+    """Issue 41: under ZeRO-3 every layer's gathered experts stay alive from forward to backward
+    (transformers saves a view of them for grouped_mm's backward; ZeRO-3's release frees nothing
+    under it), so the plan counts them, in the gathered dtype, and says what to set; with gradient
+    checkpointing, or under FSDP, or with parameters never partitioned, there is nothing to add."""
+    import json
+
+    from acc_train.config import resolve_strategy
+    from acc_train.memory_plan import model_shape
+    from acc_train_cli.plan import build_plan
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MIXTRAL))
+
+    def plan(checkpointing: bool) -> dict[str, Any]:
+        flags = {"model.name_or_path": (str(tmp_path), "--model"), "launch.num_processes": (4, "--num-processes")}
+        job = load_job(flags=flags, sets=["training.mixed_precision=bf16", f"training.gradient_checkpointing={str(checkpointing).lower()}"])
+        return {"shape": model_shape(job.config), **build_plan(job)}
+
+    plain, recomputed = plan(False), plan(True)
+    assert plain["shape"].expert_parameters == TINY_EXPERTS  # counted on the meta device, every layer's
+    rows, rows_gc = ({r["label"]: r for r in p["rows"]} for p in (plain, recomputed))
+    assert rows["zero3"]["buffers"] - rows_gc["zero3"]["buffers"] == 2 * TINY_EXPERTS  # bf16 gathered
+    assert "MoE experts pinned" in rows["zero3"]["note"] and "training.gradient_checkpointing: true" in rows["zero3"]["note"]
+    assert "MoE" not in rows_gc["zero3"]["note"]
+    for label in ("fsdp2", "zero2", "ddp"):
+        assert rows[label]["buffers"] == rows_gc[label]["buffers"] and "MoE" not in rows[label]["note"]
+
+    zero3 = resolve_strategy("zero3", {})
+    fp32 = zero3.plan_memory(PlanInput(10**9, 8, "no", expert_parameters=6 * 10**8))
+    assert fp32.buffers - zero3.plan_memory(PlanInput(10**9, 8, "no")).buffers == 4 * 6 * 10**8  # fp32: gathered in fp32
+    llama = load_job(flags={"launch.num_processes": (4, "--num-processes")}, sets=[])
+    assert model_shape(llama.config).expert_parameters == 0  # the demo Llama has none

@@ -118,7 +118,10 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
     nproc = cfg.launch.num_processes or default_num_processes()
     precision = _precision(cfg.training.mixed_precision)
     dtype = "fp32" if cfg.model.dtype == "auto" else cfg.model.dtype  # whatever the checkpoint is stored in
-    inp = PlanInput(shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc, dtype=dtype, largest_layer=shape.largest_layer)
+    inp = PlanInput(
+        shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc, dtype=dtype, largest_layer=shape.largest_layer,
+        expert_parameters=shape.expert_parameters, gradient_checkpointing=cfg.training.gradient_checkpointing,
+    )
     optimizer_bytes = optimizer_kind(cfg.optimizer.name).state_bytes(cfg.optimizer, inp.param_bytes)  # the job's optimizer
     inp = dataclasses.replace(inp, optimizer_bytes_per_param=optimizer_bytes)
     # LoRA's frozen base: the parameter bytes the strategy holds for that many elements, nothing more

@@ -60,6 +60,13 @@ class PlanInput:
     #: parameter elements of the model's largest block (a transformer layer: the unit a sharding
     #: strategy gathers at once); 0 where the model names no block class
     largest_layer: int = 0
+    #: parameter elements of mixture-of-experts weights (transformers' ``*Experts`` modules, 3-d),
+    #: all layers together: transformers hands each to ``grouped_mm`` as a transposed view, which
+    #: autograd saves for backward, so whatever a strategy gathers of them stays alive until then
+    expert_parameters: int = 0
+    #: ``training.gradient_checkpointing``: each layer's saved tensors are dropped after its
+    #: forward and recomputed in backward (the views above included)
+    gradient_checkpointing: bool = False
 
     @property
     def low_precision(self) -> bool:
@@ -155,6 +162,8 @@ class ModelShape:
     #: parameter elements of the largest block (a class in transformers' ``_no_split_modules``:
     #: the decoder layer), 0 where the model names none
     largest_layer: int = 0
+    #: parameter elements of mixture-of-experts weights (:attr:`PlanInput.expert_parameters`)
+    expert_parameters: int = 0
     #: the model's transformers config (for FLOPs per token), not compared
     config: Any = field(default=None, compare=False, repr=False)
     #: the model itself, on the meta device (for a strategy's ``check_model``), not compared
@@ -181,6 +190,9 @@ def model_shape(config: JobConfig) -> ModelShape:
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     blocks = set(getattr(model, "_no_split_modules", None) or getattr(getattr(model, "base_model", None), "_no_split_modules", None) or ())
     largest = max((sum(p.numel() for p in m.parameters()) for m in model.modules() if type(m).__name__ in blocks), default=0)
+    experts = sum(
+        p.numel() for m in model.modules() if type(m).__name__.endswith("Experts") for p in m.parameters(recurse=False) if p.ndim == 3
+    )
     return ModelShape(
         name=config.model.name_or_path or "demo (Llama, byte-level)",
         parameters=psi,
@@ -190,6 +202,7 @@ def model_shape(config: JobConfig) -> ModelShape:
         vocab=_first(mcfg, "vocab_size"),
         frozen=frozen,
         largest_layer=largest,
+        expert_parameters=experts,
         attn_implementation=attn,
         attention_dropout=float(getattr(mcfg, "attention_dropout", 0.0) or 0.0),
         config=mcfg,

@@ -400,6 +400,10 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
         buffers, what = self._plan_buffers(stage, psi, n, p, g, grads)
         if what:
             notes.append(what)
+        pinned, why = _experts_pinned(plan, stage, p)
+        if pinned:
+            buffers += pinned
+            notes.append(why)
         offload: dict[str, str] = {}
         if options.offload_optimizer != "none":  # ZeRO-Offload: the gradient partition goes with the step
             offload["optimizer"] = options.offload_optimizer
@@ -429,3 +433,22 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
             total += p * live
             parts.append(f"gathered parameters kept alive for reuse (up to {live:,} elements, stage3_max_live_parameters)")
         return total, ("buffers: " + " and ".join(parts)) if parts else ""
+
+
+def _experts_pinned(plan: PlanInput, stage: int, p: int) -> tuple[int, str]:
+    """Mixture-of-experts weights ZeRO-3 cannot release (issue 41, found by ``plan --simulate``):
+    transformers hands every expert weight to ``grouped_mm`` as ``weight.transpose(-2, -1)``, a
+    view of the gathered tensor, and autograd saves that view for backward. ZeRO-3's release
+    swaps the parameter's ``.data`` for an empty tensor, which frees nothing while the view holds
+    the storage: every layer's gathered experts (``p`` bytes each, the gathered dtype) stay from
+    forward to backward. FSDP resizes its unsharded storage to zero, which frees it under the view;
+    transformers' gradient checkpointing drops the saved view after each layer's forward."""
+    if stage != 3 or not plan.expert_parameters or plan.gradient_checkpointing:
+        return 0, ""
+    pinned = p * plan.expert_parameters
+    return pinned, (
+        f"MoE experts pinned: transformers passes weight.transpose(-2, -1) (a view) to grouped_mm and autograd saves it, "
+        f"so ZeRO-3's release frees nothing and every layer's gathered experts stay from forward to backward "
+        f"({plan.expert_parameters:,} elements, {p} bytes each, counted in buffers); set training.gradient_checkpointing: true "
+        "(each layer's experts regathered in backward) or use fsdp2, which frees them"
+    )
