@@ -179,14 +179,37 @@ def test_zero3_counts_the_mixture_of_experts_weights_autograd_pins(tmp_path: Any
     plain, recomputed = plan(False), plan(True)
     assert plain["shape"].expert_parameters == TINY_EXPERTS  # counted on the meta device, every layer's
     rows, rows_gc = ({r["label"]: r for r in p["rows"]} for p in (plain, recomputed))
-    assert rows["zero3"]["buffers"] - rows_gc["zero3"]["buffers"] == 2 * TINY_EXPERTS  # bf16 gathered
     assert "MoE experts pinned" in rows["zero3"]["note"] and "training.gradient_checkpointing: true" in rows["zero3"]["note"]
     assert "MoE" not in rows_gc["zero3"]["note"]
     for label in ("fsdp2", "zero2", "ddp"):
         assert rows[label]["buffers"] == rows_gc[label]["buffers"] and "MoE" not in rows[label]["note"]
 
+    # (the toy fits stage3_max_live_parameters whole: its experts were counted as live parameters
+    # either way.) A model larger than that limit: the experts on top of the other live parameters
     zero3 = resolve_strategy("zero3", {})
-    fp32 = zero3.plan_memory(PlanInput(10**9, 8, "no", expert_parameters=6 * 10**8))
-    assert fp32.buffers - zero3.plan_memory(PlanInput(10**9, 8, "no")).buffers == 4 * 6 * 10**8  # fp32: gathered in fp32
+    psi, experts, layer = 10 * 10**9, 6 * 10**9, 5 * 10**8
+
+    def buffers(precision: str, checkpointing: bool) -> int:
+        inp = PlanInput(psi, 8, precision, largest_layer=layer, expert_parameters=experts, gradient_checkpointing=checkpointing)
+        return zero3.plan_memory(inp).buffers
+
+    assert buffers("bf16", False) - buffers("bf16", True) == 2 * experts  # gathered in bf16
+    assert buffers("no", False) - buffers("no", True) == 4 * experts  # fp32: gathered in fp32
     llama = load_job(flags={"launch.num_processes": (4, "--num-processes")}, sets=[])
     assert model_shape(llama.config).expert_parameters == 0  # the demo Llama has none
+
+
+def test_zero3_gathers_its_largest_layer_whole_and_its_gradients_in_full() -> None:
+    """A layer above ``stage3_max_live_parameters`` (1e9 elements) is gathered whole, and its
+    gradients exist in full in backward before ZeRO-3 partitions them (``plan --simulate`` of a
+    4-layer Mixtral-8x7B shape with checkpointing: 3.2 GiB of parameters and 3.6 GiB of
+    gradients beyond the partitions, BENCHMARKS.md)."""
+    from acc_train.config import resolve_strategy
+
+    zero3 = resolve_strategy("zero3", {})
+    small = zero3.plan_memory(PlanInput(10 * 10**9, 8, "bf16", largest_layer=2 * 10**8))
+    large = zero3.plan_memory(PlanInput(10 * 10**9, 8, "bf16", largest_layer=15 * 10**8))
+    bare = zero3.plan_memory(PlanInput(10 * 10**9, 8, "bf16"))
+    assert small.buffers - bare.buffers == 2 * 2 * 10**8  # the layer's gradients; its parameters within the live limit
+    assert large.buffers - bare.buffers == 2 * (15 - 10) * 10**8 + 2 * 15 * 10**8  # gathered beyond the limit, and its gradients
+    assert "largest layer gathered whole" in large.note and "largest layer gathered whole" not in small.note
