@@ -221,8 +221,8 @@ def test_fsdp_options_are_refused_where_tensor_parallelism_runs_alone() -> None:
         strategy.check_environment(Machine("cpu", 4))  # FSDP x TP (dp_shard 2) uses it
 
 
-def test_the_plan_splits_activations_over_tp_as_korthikanti_eq_2() -> None:
-    from acc_train.memory_plan import ModelShape, activation_bytes
+def test_the_plan_splits_activations_over_tp() -> None:
+    from acc_train.memory_plan import ModelShape, layer_activation_bytes
 
     proc = run_cli("plan", "--num-processes", "4", "--mesh", "shard=2,tp=2", "--json", "--mixed-precision", "no")
     assert proc.returncode == 0, proc.stderr
@@ -230,14 +230,14 @@ def test_the_plan_splits_activations_over_tp_as_korthikanti_eq_2() -> None:
     rows = {r["label"]: r for r in out["rows"]}
     row, plain = rows["fsdp2 mesh replicate=1,shard=2,tp=2"], rows["fsdp2"]
     assert row["activations"] < plain["activations"]
-    assert "10 + 24/t + c*a*s/(h*t)" in out["activation_formula"]
-    # eq. 2 against eq. 1 on one layer: the split part (24 + 5as/h) halves, the rest (10) stays
-    # (eager attention with dropout: the paper's 5as/h of stored scores)
+    assert "the attention, MLP and expert terms / t" in out["activation_formula"]
+    # one layer: the attention (with its stored scores) and the MLP halve over 2 tp ranks, the norms stay
+    # (eager attention with dropout: the softmax, its cast, the dropout mask and output)
     shape = ModelShape("one layer", 0, layers=1, hidden=64, heads=4, vocab=1, attn_implementation="eager", attention_dropout=0.1)
-    whole, split = activation_bytes(shape, 1, 32, "bf16"), activation_bytes(shape, 1, 32, "bf16", tp=2)
-    logits = 2 * 32 * 1 * 1 * 4
-    assert whole - logits == 32 * 64 * (34 + 5 * 4 * 32 / 64)
-    assert split - logits == 32 * 64 * (10 + 24 / 2 + 5 * 4 * 32 / (64 * 2))
+    whole, split = layer_activation_bytes(shape, 32, "bf16"), layer_activation_bytes(shape, 32, "bf16", tp=2)
+    norms = 2 * (4 * 64 + 2 * 2 * 64)
+    assert whole == norms + 4 * 2 * 64 + 9 * 4 * 32 + 4 * 2 * 256
+    assert split == norms + (whole - norms) / 2  # type: ignore[operator]
 
 
 def test_an_explicit_reshard_after_forward_false_is_refused_too_where_tp_runs_alone() -> None:

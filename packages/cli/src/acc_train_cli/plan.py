@@ -118,7 +118,10 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
     nproc = cfg.launch.num_processes or default_num_processes()
     precision = _precision(cfg.training.mixed_precision)
     dtype = "fp32" if cfg.model.dtype == "auto" else cfg.model.dtype  # whatever the checkpoint is stored in
-    inp = PlanInput(shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc, dtype=dtype, largest_layer=shape.largest_layer)
+    inp = PlanInput(
+        shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc, dtype=dtype, largest_layer=shape.largest_layer,
+        expert_parameters=shape.expert_parameters, gradient_checkpointing=cfg.training.gradient_checkpointing,
+    )
     optimizer_bytes = optimizer_kind(cfg.optimizer.name).state_bytes(cfg.optimizer, inp.param_bytes)  # the job's optimizer
     inp = dataclasses.replace(inp, optimizer_bytes_per_param=optimizer_bytes)
     # LoRA's frozen base: the parameter bytes the strategy holds for that many elements, nothing more
@@ -190,7 +193,9 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
         "gradient_checkpointing": cfg.training.gradient_checkpointing,
         "optimizer": {"name": cfg.optimizer.name, "state_bytes_per_parameter": optimizer_bytes},
         "attn_implementation": shape.attn_implementation,
-        "attention_score_factor": attention_score_factor(shape.attn_implementation, shape.attention_dropout),
+        "attention_score_factor": attention_score_factor(
+            shape.attn_implementation, shape.attention_dropout, precision if inp.param_bytes == 4 else dtype, shape.attention_softcapping
+        ),
         "activation_formula": ACTIVATION_FORMULA,
         "rows": rows,
         "throughput": (
@@ -253,7 +258,7 @@ def _print_table(data: dict[str, Any]) -> None:
         if r["note"]:
             click.echo(f"  {r['label']}: {r['note']}")
     click.echo(f"* {data['activation_formula']}; s = seq_len, b = micro-batch, h = hidden size, a = heads, L = layers, V = vocab.")
-    click.echo(f"  This job's attention: {data['attn_implementation']} (c = {data['attention_score_factor']}).")
+    click.echo(f"  This job's attention: {data['attn_implementation']} (c = {data['attention_score_factor']} bytes kept per attention score).")
     click.echo("  buffers: what a strategy allocates beside the model state to compute and communicate (the gathered block")
     click.echo("  and its all-gather and reduce-scatter buffers under FSDP; found by `plan --simulate`, BENCHMARKS.md).")
     click.echo("  The activation figure is an estimate, the same under every data-parallel strategy. The model-state figures")

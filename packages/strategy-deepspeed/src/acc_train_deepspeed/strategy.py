@@ -397,9 +397,13 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
             params, grads, optim = p * psi // n, g * psi // n, 12 * psi // n
             formula = f"{p}psi/N + {g}psi/N + 12psi/N = {p + g + 12}psi/N"
             notes.append("parameters under stage3_param_persistence_threshold are also kept whole")
-        buffers, what = self._plan_buffers(stage, psi, n, p, g, grads)
+        pinned, why = _experts_pinned(plan, stage, p)
+        buffers, what = self._plan_buffers(stage, psi, n, p, g, grads, plan.largest_layer, plan.expert_parameters if pinned else 0)
         if what:
             notes.append(what)
+        if pinned:
+            buffers += pinned
+            notes.append(why)
         offload: dict[str, str] = {}
         if options.offload_optimizer != "none":  # ZeRO-Offload: the gradient partition goes with the step
             offload["optimizer"] = options.offload_optimizer
@@ -411,13 +415,19 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
             notes.append(f"parameter partitions in {options.offload_param.upper()} memory, gathered to the accelerator per layer")
         return MemoryPlan(params, grads, optim, formula, offload=offload, note="; ".join(notes), buffers=buffers)
 
-    def _plan_buffers(self, stage: int, psi: int, n: int, p: int, g: int, grads: int) -> tuple[int, str]:
+    def _plan_buffers(self, stage: int, psi: int, n: int, p: int, g: int, grads: int, largest: int = 0, pinned: int = 0) -> tuple[int, str]:
         """What DeepSpeed allocates beside the ZeRO paper's model state, as ``plan --simulate``
         found it (BENCHMARKS.md): the reduction bucket, ``reduce_bucket_size`` elements allocated
         in full when the engine starts (``contiguous_gradients``, the default), whatever the
         model's size (what ``grads`` does not already count of it under ZeRO-2); under ZeRO-3
         also the gathered parameters it keeps alive for reuse, up to ``stage3_max_live_parameters``
-        (DeepSpeed's default: 1.87 GiB of a 7B model's bf16 parameters at the simulated peak)."""
+        (DeepSpeed's default: 1.87 GiB of a 7B model's bf16 parameters at the simulated peak), and
+        never less than the largest layer, which is gathered whole whatever that limit (a
+        Mixtral-8x7B layer: 1.41e9 elements), with that layer's gradients made in full in
+        backward before they are partitioned (``plan --simulate`` of a 4-layer Mixtral-8x7B shape
+        with gradient checkpointing: 3.2 GiB of parameters and 3.6 of gradients beyond the
+        partitions, issue 41). Where a mixture of experts' weights stay gathered anyway
+        (``pinned`` elements, :func:`_experts_pinned`), the live parameters are the others."""
         if stage == 0 or self.options.config_file is not None:
             return 0, ""
         bucket = self.options.reduce_bucket_size or DEEPSPEED_REDUCE_BUCKET
@@ -425,7 +435,30 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
         total = max(0, g * bucket - counted) if self.options.contiguous_gradients is not False else 0
         parts = [f"the reduction bucket ({bucket:,} elements, reduce_bucket_size, allocated in full)"] if total else []
         if stage == 3:
-            live = min(psi, DEEPSPEED_MAX_LIVE_PARAMETERS)
-            total += p * live
+            live = min(psi - pinned, DEEPSPEED_MAX_LIVE_PARAMETERS)
+            total += p * (live if pinned else max(live, largest)) + g * largest
             parts.append(f"gathered parameters kept alive for reuse (up to {live:,} elements, stage3_max_live_parameters)")
+            if largest > live and not pinned:
+                parts.append(f"the largest layer gathered whole ({largest:,} elements, above stage3_max_live_parameters)")
+            if largest:
+                parts.append(f"the largest layer's gradients before they are partitioned ({largest:,} elements)")
         return total, ("buffers: " + " and ".join(parts)) if parts else ""
+
+
+def _experts_pinned(plan: PlanInput, stage: int, p: int) -> tuple[int, str]:
+    """Mixture-of-experts weights ZeRO-3 cannot release (issue 41, found by ``plan --simulate``):
+    transformers hands every expert weight to ``grouped_mm`` as ``weight.transpose(-2, -1)``, a
+    view of the gathered tensor, and autograd saves that view for backward. ZeRO-3's release
+    swaps the parameter's ``.data`` for an empty tensor, which frees nothing while the view holds
+    the storage: every layer's gathered experts (``p`` bytes each, the gathered dtype) stay from
+    forward to backward. FSDP resizes its unsharded storage to zero, which frees it under the view;
+    transformers' gradient checkpointing drops the saved view after each layer's forward."""
+    if stage != 3 or not plan.expert_parameters or plan.gradient_checkpointing:
+        return 0, ""
+    pinned = p * plan.expert_parameters
+    return pinned, (
+        f"MoE experts pinned: transformers passes weight.transpose(-2, -1) (a view) to grouped_mm and autograd saves it, "
+        f"so ZeRO-3's release frees nothing and every layer's gathered experts stay from forward to backward "
+        f"({plan.expert_parameters:,} elements, {p} bytes each, counted in buffers); set training.gradient_checkpointing: true "
+        "(each layer's experts regathered in backward) or use fsdp2, which frees them"
+    )

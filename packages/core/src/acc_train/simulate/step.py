@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -109,6 +111,30 @@ class _PeakWhere:
 
         tracker._update_peak_stats = record
         self.record = lambda: record("optimizer step")
+
+
+@contextmanager
+def _peaks_per_module_skipped() -> Iterator[None]:
+    """torch's ``MemTracker`` (and ``FSDPMemTracker``, and the ZeRO tracker, which build on it)
+    without its per-module peaks: after every operation it walks every module it tracks (a weak
+    dictionary: ~400 modules of a 7B Llama) to update each running module's own peak, which
+    nothing here reads (:class:`_PeakWhere` keeps the peak and where it was reached). That walk was
+    46% of a zero3 7B rehearsal's time (cProfile, BENCHMARKS.md). The tracker's own overall peak
+    is still kept."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+
+    def overall_only(self: Any, peak_state: Any) -> None:
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                self._peak_mem[dev] = snap[_TOTAL_KEY]
+                self._peak_mem_snap[dev] = dict(snap)
+
+    original = MemTracker._update_peak_stats
+    MemTracker._update_peak_stats = overall_only  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MemTracker._update_peak_stats = original  # type: ignore[method-assign]
 
 
 def torch_optimizer(optimizer: Any) -> Any:
@@ -203,7 +229,7 @@ def measure_step(job: ResolvedJob) -> dict[str, Any]:
     tracker, tracker_name = _tracker(job.strategy, model, optimizer)
     where = _PeakWhere(tracker)
     counter = CollectiveCounter()
-    with tracker:  # its own optimizer hooks first: the state is tracked as such when ours run
+    with _peaks_per_module_skipped(), tracker:  # its own optimizer hooks first: the state is tracked as such when ours run
         _track_held_outside(tracker)
         inner = torch_optimizer(optimizer)
 

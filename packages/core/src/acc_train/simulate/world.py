@@ -3,7 +3,7 @@ target world, and every tensor is a fake one (shapes, dtypes and sizes, no stora
 
 Collectives on the fake group return at once; the strategy's own code (Accelerate's prepare,
 ``fully_shard``, DeepSpeed's partitioning) runs as on the cluster and allocates what it would,
-which torch's memory trackers count. Five things torch and the libraries do not expect under
+which torch's memory trackers count. Six things torch and the libraries do not expect under
 fake tensors are stepped around here, each narrowly:
 
 - a ``DeviceMesh`` reads its rank map (``tolist``): it is built from a real tensor;
@@ -18,7 +18,11 @@ fake tensors are stepped around here, each narrowly:
   maps to one, and the optimizer steps only it);
 - torch's ``DistributedDataParallel`` checks every rank's parameters against the others' by
   their data, and its reducer asserts on what the fake group's all-reduce returns
-  (:func:`_replicas_on_the_fake_group`).
+  (:func:`_replicas_on_the_fake_group`);
+- transformers reads the position ids to tell packed rows (which need a block mask) from rows
+  that never restart (which SDPA masks by ``is_causal``, with no mask at all); on a fake tensor it
+  cannot read them, so it assumes packing and builds a b x s x s mask a run never builds
+  (:func:`_positions_read_as_in_a_run`).
 """
 
 from __future__ import annotations
@@ -148,6 +152,32 @@ def _replicas_on_the_fake_group(stack: ExitStack) -> None:
     stack.enter_context(_patched(DistributedDataParallel, "__init__", init_answered))
 
 
+def _positions_read_as_in_a_run(stack: ExitStack) -> None:
+    """transformers' packed-sequence check (``masking_utils.find_packed_sequence_indices``)
+    answered as in a run. Under fake tensors its ``is_tracing`` is true, so it returns the packed
+    mask unread: the model then materialises a b x s x s causal mask and SDPA computes with it
+    (measured: simulated minus real activations = b*s^2*4*L bytes at seq 256 and 512, BENCHMARKS.md),
+    where a run skips the mask and passes ``is_causal=True``. The simulated step passes no position
+    ids (:mod:`acc_train.simulate.step`), so the model makes them, 0 to s-1 in every row: transformers'
+    own check is run on real position ids of that shape, and where it finds no packing, neither does
+    the simulation. Real tensors (a real step measured by the same code) go through unchanged."""
+    import torch
+    import transformers.masking_utils as masking
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    find = masking.find_packed_sequence_indices
+
+    def find_as_in_a_run(position_ids: Any) -> Any:
+        if not isinstance(position_ids, FakeTensor):
+            return find(position_ids)
+        with unset_fake_temporarily():
+            made = torch.arange(position_ids.shape[-1]).expand(position_ids.shape)  # as the model makes them
+            packed = find(made)
+        return None if packed is None else find(position_ids)
+
+    stack.enter_context(_patched(masking, "find_packed_sequence_indices", find_as_in_a_run))
+
+
 @contextmanager
 def fake_world(rank: int, world_size: int, local_world_size: int) -> Iterator[ScalarReads]:
     """Join the fake process group as ``rank`` of ``world_size`` (``local_world_size`` per
@@ -196,6 +226,7 @@ def fake_world(rank: int, world_size: int, local_world_size: int) -> Iterator[Sc
     try:
         with ExitStack() as stack:
             _replicas_on_the_fake_group(stack)
+            _positions_read_as_in_a_run(stack)
             stack.enter_context(_patched(DeviceMesh, "__init__", real_mesh))
             stack.enter_context(_patched(torch.utils, "swap_tensors", swap_unless_same))
             stack.enter_context(_patched(accelerate.accelerator, "_get_parameter_id", fake_by_identity))
