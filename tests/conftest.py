@@ -35,6 +35,93 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     )
 
 
+#: Python's own warning filters in a fresh interpreter (no -W, no PYTHONWARNINGS): what a command
+#: run in process shows on stderr, where pytest would otherwise record its warnings
+_FRESH_WARNING_FILTERS = (
+    ("default", DeprecationWarning, "__main__"),
+    ("ignore", DeprecationWarning, None),
+    ("ignore", PendingDeprecationWarning, None),
+    ("ignore", ImportWarning, None),
+    ("ignore", ResourceWarning, None),
+)
+
+
+class _TookTooLong(BaseException):
+    """Raised by the alarm of :func:`cli_in_process` (a BaseException: no ``except Exception`` in
+    the command swallows it)."""
+
+
+def reset_process_state() -> None:
+    """What one command or one in-process run leaves behind: loaded plugins, Accelerate's state."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    plugins.reset()
+
+
+def cli_in_process(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, input: str | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``acc-train ARGS`` run in this process through click's ``CliRunner``, answered as
+    :func:`run_cli` answers: the exit code, stdout and stderr apart, and a traceback on stderr
+    (exit 1) for an exception the command lets through, as the interpreter would print it.
+
+    For the commands that refuse or answer without launching workers (listings, ``--print-config``,
+    ``plan``, ``config``, ``report``, ``checkpoint``, refusals before launch): no interpreter
+    start and no torch import per command. The environment (with ``env``), the working directory,
+    ``sys.argv``, the warning filters, the plugins and Accelerate's state are as a fresh process
+    has them, and restored after. What only a fresh process shows (which modules a command
+    imports; output of a library's logging handler made before the run) needs :func:`run_cli`.
+    ``input``: what is piped to the command's stdin (none: an empty, closed stdin).
+    """
+    import signal
+    import traceback
+    import warnings
+
+    from click.testing import CliRunner
+
+    from acc_train_cli.main import cli
+
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    os.environ.update({"PYTHONUNBUFFERED": "1", **(env or {})})
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # no launcher's (single_process)
+        os.environ.pop(var, None)
+    if cwd is not None:
+        os.chdir(cwd)
+    sys.argv = ["acc-train", *args]
+
+    def took_too_long(signum: int, frame: object) -> None:
+        raise _TookTooLong(f"acc-train {' '.join(args)} did not finish in {timeout} s")
+
+    old_alarm = signal.signal(signal.SIGALRM, took_too_long)  # (pytest runs tests in the main thread)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    reset_process_state()
+    try:
+        with warnings.catch_warnings():
+            warnings.resetwarnings()
+            for action, category, module in reversed(_FRESH_WARNING_FILTERS):
+                warnings.filterwarnings(action, category=category, module=module or "")
+            warnings.showwarning = warnings._showwarning_orig  # type: ignore[attr-defined]  # to sys.stderr, as printed
+            result = CliRunner().invoke(cli, list(args), input=input, prog_name="acc-train", catch_exceptions=True)
+    except _TookTooLong as exc:
+        raise subprocess.TimeoutExpired(["acc-train", *args], timeout) from exc
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_alarm)
+        reset_process_state()
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    stderr, code = result.stderr, result.exit_code
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        assert result.exc_info is not None
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+        code = 1
+    return subprocess.CompletedProcess(["acc-train", *args], code, result.stdout, stderr)
+
+
 #: every variable acc_train.cluster reads, cleared around each test (a test run inside a Slurm
 #: job or a pod must not see its own cluster)
 CLUSTER_VARS = [
@@ -241,11 +328,7 @@ def single_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(var, raising=False)
     plugins.reset()
     yield
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    plugins.reset()
+    reset_process_state()
 
 
 def stopped_copy(run: Path, dest: Path, saved: int, lost: int) -> Path:
