@@ -71,9 +71,9 @@ def cli_in_process(
     ``plan``, ``config``, ``report``, ``checkpoint``, refusals before launch): no interpreter
     start and no torch import per command. The environment (with ``env``), the working directory,
     ``sys.argv``, the warning filters, the plugins and Accelerate's state are as a fresh process
-    has them, and restored after. What only a fresh process shows (which modules a command
-    imports; output of a library's logging handler made before the run) needs :func:`run_cli`.
-    ``input``: what is piped to the command's stdin (none: an empty, closed stdin).
+    has them, and restored after, with the signal handlers. What only a fresh process shows
+    (which modules a command imports; output of a library's logging handler made before the run)
+    needs :func:`run_cli`. ``input``: what is piped to the command's stdin (none: an empty one).
     """
     import signal
     import traceback
@@ -94,6 +94,7 @@ def cli_in_process(
     def took_too_long(signum: int, frame: object) -> None:
         raise _TookTooLong(f"acc-train {' '.join(args)} did not finish in {timeout} s")
 
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)}
     old_alarm = signal.signal(signal.SIGALRM, took_too_long)  # (pytest runs tests in the main thread)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     reset_process_state()
@@ -109,6 +110,8 @@ def cli_in_process(
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old_alarm)
+        for signum, handler in handlers.items():  # a command that got as far as the launcher's own
+            signal.signal(signum, handler)
         reset_process_state()
         sys.argv = saved_argv
         os.chdir(saved_cwd)
