@@ -270,6 +270,21 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny
     return out
 
 
+#: a 4-step run on one process, checkpoints at 2 and 4, both kept (:func:`one_process_run`)
+ONE_PROCESS_RUN = ("--strategy", "ddp", "--num-processes", "1", "--max-steps", "4", "--set", "checkpoint.every=2", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=0")
+
+
+@pytest.fixture(scope="session")
+def one_process_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
+    """The tiny job of :data:`ONE_PROCESS_RUN`, finished: tests copy it before changing or
+    resuming it (tests using it belong to xdist group "data-loss")."""
+    out = tmp_path_factory.mktemp("one-process") / "run"
+    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, out, *ONE_PROCESS_RUN))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-000002", "step-000004"]
+    return out
+
+
 def shared_runs(tmp_path_factory: pytest.TempPathFactory, args_for: Callable[[str, Path], list[str]]) -> Callable[[str], Path]:
     """Launches made on first use and shared by a module's tests: ``get(name)`` runs
     ``acc-train *args_for(name, out)`` once (asserting it succeeds) and returns its output dir."""
