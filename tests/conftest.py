@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny model and data that the tests make themselves, and CLI runners.
+"""Shared fixtures: a tiny model and data that the tests make themselves, and CLI runners (a
+fresh interpreter, :func:`run_cli`, or this process, :func:`cli_in_process`).
 
 Launching workers costs 10-17 s on a 2-core machine, so launch-based tests share runs through
 session fixtures and ``xdist_group`` (``--dist loadgroup`` keeps a group on one worker).
@@ -23,7 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run ``acc-train ARGS`` as a user would, in a fresh interpreter."""
+    """Run ``acc-train ARGS`` as a user would, in a fresh interpreter: for launches, and for what
+    only a fresh process shows. A command that answers or refuses before launch is
+    :func:`cli_in_process`'s (no interpreter start, no torch import per command)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "acc_train_cli", *args],
