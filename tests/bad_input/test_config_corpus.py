@@ -333,7 +333,7 @@ def test_bad_flag_value_is_refused_by_click(case: Case, tmp_path: Path) -> None:
 FRESH = ["cfg-not-utf8-train", "cfg-bomb-print", "env-not-utf8-launch", "lr-nan", "num-processes-100000-train", "flag-seed-float"]
 
 
-@pytest.mark.parametrize("case", [c for c in CASES + CLICK_CASES if c.id in FRESH], ids=str)
+@pytest.mark.parametrize("case", [{c.id: c for c in CASES + CLICK_CASES}[i] for i in FRESH], ids=FRESH)
 def test_a_fresh_interpreter_gives_what_the_in_process_run_gives(case: Case, tmp_path: Path) -> None:
     for rel, content in case.files.items():
         path = tmp_path / rel.format(ws=tmp_path)

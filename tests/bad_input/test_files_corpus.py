@@ -218,10 +218,10 @@ def test_bad_file_is_refused(case: Case, setup: Setup | None, workspace: Path, t
 
 
 #: cases of each family run again in a fresh interpreter: the in-process runs answer as the command does
-FRESH = ["data-jsonl-broken-line", "data-train-missing", "train-tokenizer-json-binary", "plan-model-config-file-binary", "metrics-binary", "inspect-manifest-not-json", "fault-unknown-point"]
+FRESH = ["data-jsonl-broken-line", "data-train-missing", "train-tokenizer-json-binary", "plan-model-config-file-binary", "report-metrics-binary", "inspect-manifest-not-json", "fault-unknown-point"]
 
 
-@pytest.mark.parametrize(("case", "setup"), [c for c in CASES if c[0].id in FRESH], ids=[c.id for c, _ in CASES if c.id in FRESH])
+@pytest.mark.parametrize(("case", "setup"), [{c.id: (c, s) for c, s in CASES}[i] for i in FRESH], ids=FRESH)
 def test_a_fresh_interpreter_gives_what_the_in_process_run_gives(case: Case, setup: Setup | None, workspace: Path, tiny_model_dir: Path) -> None:
     if setup is not None:
         setup(workspace, tiny_model_dir)
