@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny model and data that the tests make themselves, and CLI runners.
+"""Shared fixtures: a tiny model and data that the tests make themselves, and CLI runners (a
+fresh interpreter, :func:`run_cli`, or this process, :func:`cli_in_process`).
 
 Launching workers costs 10-17 s on a 2-core machine, so launch-based tests share runs through
 session fixtures and ``xdist_group`` (``--dist loadgroup`` keeps a group on one worker).
@@ -23,7 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run ``acc-train ARGS`` as a user would, in a fresh interpreter."""
+    """Run ``acc-train ARGS`` as a user would, in a fresh interpreter: for launches, and for what
+    only a fresh process shows. A command that answers or refuses before launch is
+    :func:`cli_in_process`'s (no interpreter start, no torch import per command)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "acc_train_cli", *args],
@@ -33,6 +36,96 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
         cwd=cwd,
         timeout=timeout,
     )
+
+
+#: Python's own warning filters in a fresh interpreter (no -W, no PYTHONWARNINGS): what a command
+#: run in process shows on stderr, where pytest would otherwise record its warnings
+_FRESH_WARNING_FILTERS = (
+    ("default", DeprecationWarning, "__main__"),
+    ("ignore", DeprecationWarning, None),
+    ("ignore", PendingDeprecationWarning, None),
+    ("ignore", ImportWarning, None),
+    ("ignore", ResourceWarning, None),
+)
+
+
+class _TookTooLong(BaseException):
+    """Raised by the alarm of :func:`cli_in_process` (a BaseException: no ``except Exception`` in
+    the command swallows it)."""
+
+
+def reset_process_state() -> None:
+    """What one command or one in-process run leaves behind: loaded plugins, Accelerate's state."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    plugins.reset()
+
+
+def cli_in_process(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, input: str | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``acc-train ARGS`` run in this process through click's ``CliRunner``, answered as
+    :func:`run_cli` answers: the exit code, stdout and stderr apart, and a traceback on stderr
+    (exit 1) for an exception the command lets through, as the interpreter would print it.
+
+    For the commands that refuse or answer without launching workers (listings, ``--print-config``,
+    ``plan``, ``config``, ``report``, ``checkpoint``, refusals before launch): no interpreter
+    start and no torch import per command. The environment (with ``env``), the working directory,
+    ``sys.argv``, the warning filters, the plugins and Accelerate's state are as a fresh process
+    has them, and restored after, with the signal handlers. What only a fresh process shows
+    (which modules a command imports; output of a library's logging handler made before the run)
+    needs :func:`run_cli`. ``input``: what is piped to the command's stdin (none: an empty one).
+    """
+    import signal
+    import traceback
+    import warnings
+
+    from click.testing import CliRunner
+
+    from acc_train_cli.main import cli
+
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    os.environ.update({"PYTHONUNBUFFERED": "1", **(env or {})})
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # no launcher's (single_process)
+        os.environ.pop(var, None)
+    if cwd is not None:
+        os.chdir(cwd)
+    sys.argv = ["acc-train", *args]
+
+    def took_too_long(signum: int, frame: object) -> None:
+        raise _TookTooLong(f"acc-train {' '.join(args)} did not finish in {timeout} s")
+
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)}
+    old_alarm = signal.signal(signal.SIGALRM, took_too_long)  # (pytest runs tests in the main thread)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    reset_process_state()
+    try:
+        with warnings.catch_warnings():
+            warnings.resetwarnings()
+            for action, category, module in reversed(_FRESH_WARNING_FILTERS):
+                warnings.filterwarnings(action, category=category, module=module or "")
+            warnings.showwarning = warnings._showwarning_orig  # type: ignore[attr-defined]  # to sys.stderr, as printed
+            result = CliRunner().invoke(cli, list(args), input=input, prog_name="acc-train", catch_exceptions=True)
+    except _TookTooLong as exc:
+        raise subprocess.TimeoutExpired(["acc-train", *args], timeout) from exc
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_alarm)
+        for signum, handler in handlers.items():  # a command that got as far as the launcher's own
+            signal.signal(signum, handler)
+        reset_process_state()
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    stderr, code = result.stderr, result.exit_code
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        assert result.exc_info is not None
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+        code = 1
+    return subprocess.CompletedProcess(["acc-train", *args], code, result.stdout, stderr)
 
 
 #: every variable acc_train.cluster reads, cleared around each test (a test run inside a Slurm
@@ -180,6 +273,21 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny
     return out
 
 
+#: a 4-step run on one process, checkpoints at 2 and 4, both kept (:func:`one_process_run`)
+ONE_PROCESS_RUN = ("--strategy", "ddp", "--num-processes", "1", "--max-steps", "4", "--set", "checkpoint.every=2", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=0")
+
+
+@pytest.fixture(scope="session")
+def one_process_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
+    """The tiny job of :data:`ONE_PROCESS_RUN`, finished: tests copy it before changing or
+    resuming it (tests using it belong to xdist group "data-loss")."""
+    out = tmp_path_factory.mktemp("one-process") / "run"
+    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, out, *ONE_PROCESS_RUN))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-000002", "step-000004"]
+    return out
+
+
 def shared_runs(tmp_path_factory: pytest.TempPathFactory, args_for: Callable[[str, Path], list[str]]) -> Callable[[str], Path]:
     """Launches made on first use and shared by a module's tests: ``get(name)`` runs
     ``acc-train *args_for(name, out)`` once (asserting it succeeds) and returns its output dir."""
@@ -241,11 +349,7 @@ def single_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(var, raising=False)
     plugins.reset()
     yield
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    plugins.reset()
+    reset_process_state()
 
 
 def stopped_copy(run: Path, dest: Path, saved: int, lost: int) -> Path:

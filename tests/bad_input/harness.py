@@ -1,8 +1,10 @@
 """What every bad input must get: exit 2, one message naming what and where, no traceback, and
 every watched file exactly as it was (checked by hashes taken before and after).
 
-A case runs ``acc-train`` as a user would, in a fresh interpreter, inside a workspace directory
-the case fills with its own files; everything under the workspace is watched.
+A case runs ``acc-train`` inside a workspace directory the case fills with its own files;
+everything under the workspace is watched. It runs in this process
+(:func:`tests.conftest.cli_in_process`: exit code, stdout and stderr as the real command's, a
+traceback for an exception the command lets through), or in a fresh interpreter with ``fresh=True``.
 """
 
 from __future__ import annotations
@@ -55,10 +57,17 @@ def snapshot(root: Path) -> dict[str, str]:
     return out
 
 
-def run_acc_train(args: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """``acc-train ARGS`` in a fresh interpreter; a hang fails the test instead of the suite."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+def run_acc_train(
+    args: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None, timeout: float = TIMEOUT_S, fresh: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``acc-train ARGS`` in this process (``fresh``: in a fresh interpreter); a hang fails the
+    test instead of the suite."""
+    from tests.conftest import cli_in_process
+
     try:
+        if not fresh:
+            return cli_in_process(*args, env=dict(env or {}), cwd=cwd, timeout=timeout)
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         return subprocess.run(
             [sys.executable, "-m", "acc_train_cli", *args], capture_output=True, text=True, errors="replace", env=full_env, cwd=cwd, timeout=timeout
         )
@@ -87,9 +96,9 @@ def assert_handled(result: subprocess.CompletedProcess[str], what: str = "") -> 
         assert "error:" in result.stderr, f"exit 2 without an `error:` message:{shown}"
 
 
-def check_case(case: Case, workspace: Path) -> subprocess.CompletedProcess[str]:
-    """Create the case's files in ``workspace``, run it, assert it was refused and nothing under
-    the workspace changed."""
+def check_case(case: Case, workspace: Path, fresh: bool = False) -> subprocess.CompletedProcess[str]:
+    """Create the case's files in ``workspace``, run it (``fresh``: in a fresh interpreter),
+    assert it was refused and nothing under the workspace changed."""
     for rel, content in case.files.items():
         path = workspace / rel.format(ws=workspace)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +109,7 @@ def check_case(case: Case, workspace: Path) -> subprocess.CompletedProcess[str]:
     before = snapshot(workspace)
     args = [a.format(ws=workspace) for a in case.args]
     env = {k: v.format(ws=workspace) for k, v in case.env.items()}
-    result = run_acc_train(args, workspace, env)
+    result = run_acc_train(args, workspace, env, fresh=fresh)
     assert_refused(result, [n.format(ws=workspace) for n in case.names], f"case {case.id}: acc-train {' '.join(args)}")
     after = snapshot(workspace)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))

@@ -329,6 +329,23 @@ def test_bad_flag_value_is_refused_by_click(case: Case, tmp_path: Path) -> None:
     assert snapshot(tmp_path) == before
 
 
+#: cases of each family run again in a fresh interpreter: the in-process runs answer as the command does
+FRESH = ["cfg-not-utf8-train", "cfg-bomb-print", "env-not-utf8-launch", "lr-nan", "num-processes-100000-train", "flag-seed-float"]
+
+
+@pytest.mark.parametrize("case", [{c.id: c for c in CASES + CLICK_CASES}[i] for i in FRESH], ids=FRESH)
+def test_a_fresh_interpreter_gives_what_the_in_process_run_gives(case: Case, tmp_path: Path) -> None:
+    for rel, content in case.files.items():
+        path = tmp_path / rel.format(ws=tmp_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content.format(ws=tmp_path) if "{ws}" in content else content)
+    args = [a.format(ws=tmp_path) for a in case.args]
+    env = {k: v.format(ws=tmp_path) for k, v in case.env.items()}
+    fresh, here = run_acc_train(args, tmp_path, env, fresh=True), run_acc_train(args, tmp_path, env)
+    assert fresh.returncode == 2, fresh.stderr
+    assert (here.returncode, here.stdout, here.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
 def test_the_corpus_is_large_enough() -> None:
     """Issue 12 asks for at least 60 config-side cases; ids are unique so each is reported."""
     ids = [c.id for c in CASES + CLICK_CASES]

@@ -8,7 +8,7 @@ traceback). Documents are built from the schema's own keys, so they reach deep i
 
 Deterministic in CI: ``derandomize=True`` and no example database, so every run tries the same
 examples (a failure reproduces from the test's name alone). No deadline: a hang is caught by the
-harness's subprocess timeout on the command-line examples, and the loader bounds the work any
+harness's timeout on the command-line examples, and the loader bounds the work any
 document can cause (aliases, nesting), which the in-process examples exercise.
 """
 
@@ -35,7 +35,7 @@ QUICK = settings(
     max_examples=120,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
 )
-#: through the command line: a fresh interpreter each, so only a handful
+#: through the command line (the whole command, in process): a handful
 CLI = settings(QUICK, max_examples=6)
 
 SECTIONS: dict[str, list[str]] = {

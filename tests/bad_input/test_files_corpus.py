@@ -3,8 +3,8 @@
 ``checkpoint inspect``, the ``ACC_TRAIN_FAULT`` variable, and odd arguments to the listing
 commands.
 
-Each case runs ``acc-train`` in a fresh interpreter inside a workspace (``tests.bad_input.harness``)
-and must end in exit 2, one ``error:`` message naming the file (and line, key or variable), no
+Each case runs ``acc-train`` in this process inside a workspace (``tests.bad_input.harness``; a
+few again in a fresh interpreter, which must answer the same) and must end in exit 2, one ``error:`` message naming the file (and line, key or variable), no
 traceback, and every file under the workspace unchanged. Cases that would train are refused
 before any worker starts; the one input only a worker can find (a parquet file damaged inside)
 is a single launch of one process.
@@ -217,6 +217,19 @@ def test_bad_file_is_refused(case: Case, setup: Setup | None, workspace: Path, t
     check_case(case, workspace)
 
 
+#: cases of each family run again in a fresh interpreter: the in-process runs answer as the command does
+FRESH = ["data-jsonl-broken-line", "data-train-missing", "train-tokenizer-json-binary", "plan-model-config-file-binary", "report-metrics-binary", "inspect-manifest-not-json", "fault-unknown-point"]
+
+
+@pytest.mark.parametrize(("case", "setup"), [{c.id: (c, s) for c, s in CASES}[i] for i in FRESH], ids=FRESH)
+def test_a_fresh_interpreter_gives_what_the_in_process_run_gives(case: Case, setup: Setup | None, workspace: Path, tiny_model_dir: Path) -> None:
+    if setup is not None:
+        setup(workspace, tiny_model_dir)
+    fresh = check_case(case, workspace, fresh=True)
+    here = check_case(case, workspace)
+    assert (here.returncode, here.stdout, here.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
 @pytest.mark.launch
 def test_data_only_a_worker_can_read_is_refused_by_the_worker(workspace: Path, tmp_path: Path) -> None:
     """A parquet file with the magic bytes at both ends but garbage inside passes every cheap
@@ -229,7 +242,7 @@ def test_data_only_a_worker_can_read_is_refused_by_the_worker(workspace: Path, t
         ["train.parquet"],
         {"train.parquet": b"PAR1" + b"\x15\x00\x15\xff" * 64 + b"\x10\x00\x00\x00PAR1"},
     )
-    result = check_case(bad, workspace)
+    result = check_case(bad, workspace, fresh=True)  # workers launched: from a process of its own
     assert result.stderr.count("error:") == 1, result.stderr
     assert len(result.stderr.strip().splitlines()) < 15, result.stderr
 

@@ -14,19 +14,14 @@ import pytest
 from acc_train.checkpoint import find_checkpoint, resolve_checkpoint
 from acc_train.errors import UserError
 from tests.bad_input.harness import snapshot
-from tests.conftest import run_cli, tiny_job_args
-
-#: 4 steps on one process, checkpoints at 2 and 4, both kept
-RUN = ("--strategy", "ddp", "--num-processes", "1", "--max-steps", "4", "--set", "checkpoint.every=2", "--set", "checkpoint.keep_last=null", "--set", "training.eval_every=0")
+from tests.conftest import ONE_PROCESS_RUN as RUN
+from tests.conftest import cli_in_process, run_cli, tiny_job_args
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> Path:
-    out = tmp_path_factory.mktemp("data-loss") / "run"
-    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, out, *RUN))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-000002", "step-000004"]
-    return out
+@pytest.fixture
+def trained(one_process_run: Path) -> Path:
+    """4 steps on one process, checkpoints at 2 and 4, both kept (shared: read, never changed)."""
+    return one_process_run
 
 
 @pytest.fixture
@@ -110,7 +105,7 @@ def test_convert_and_export_never_touch_a_directory_they_did_not_create(trained:
     mine.mkdir()
     (mine / "precious.txt").write_text("the user's")
     before = snapshot(tmp_path)
-    proc = run_cli("checkpoint", command, str(trained), "--to", "dcp" if command == "convert" else "hf", str(tmp_path / "out"))
+    proc = cli_in_process("checkpoint", command, str(trained), "--to", "dcp" if command == "convert" else "hf", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     after = snapshot(tmp_path)
     assert {k: v for k, v in after.items() if not k.startswith("out")} == before, "only OUT is new"

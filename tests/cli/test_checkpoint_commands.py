@@ -1,5 +1,6 @@
 """``acc-train checkpoint inspect | convert | export``, and what a damaged, planted, foreign or
-non-checkpoint directory gets: exit 2, one message, nothing loaded, nothing written."""
+non-checkpoint directory gets: exit 2, one message, nothing loaded, nothing written. The commands
+run in this process (:func:`tests.conftest.cli_in_process`) on the shared reference DDP run."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import reference_args, run_cli
+from tests.conftest import cli_in_process, reference_args
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("reference-runs")]
 
@@ -27,10 +28,10 @@ def _a_state_file(checkpoint: Path) -> Path:
 
 
 def test_inspect_shows_the_manifest_and_checks_the_files(ddp_run: Path) -> None:
-    proc = run_cli("checkpoint", "inspect", str(ddp_run))  # an output directory: its latest checkpoint
+    proc = cli_in_process("checkpoint", "inspect", str(ddp_run))  # an output directory: its latest checkpoint
     assert proc.returncode == 0, proc.stderr
     assert "step-000020" in proc.stdout and "all match the manifest" in proc.stdout and "format      dcp" in proc.stdout
-    info = json.loads(run_cli("checkpoint", "inspect", str(ddp_run / "checkpoints" / "step-000010"), "--json").stdout)
+    info = json.loads(cli_in_process("checkpoint", "inspect", str(ddp_run / "checkpoints" / "step-000010"), "--json").stdout)
     assert info["step"] == 10 and info["world_size"] == 2 and info["strategy"] == "ddp" and info["verified"] is True
     assert info["data"]["global_batch"] == 8 and info["model"]["model_type"] == "llama" and info["model_class"] == "LlamaForCausalLM"
 
@@ -57,10 +58,10 @@ def test_a_damaged_checkpoint_is_refused_before_anything_is_read(
 
         (checkpoint_copy / "state" / "extra.pkl").write_bytes(pickle.dumps(Plant()))
         expected = "state/extra.pkl: not in the manifest"
-    proc = run_cli("checkpoint", "inspect", str(checkpoint_copy))
+    proc = cli_in_process("checkpoint", "inspect", str(checkpoint_copy))
     assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     out = tmp_path / "resumed"
-    proc = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "ddp", "--resume", str(checkpoint_copy)))
+    proc = cli_in_process(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "ddp", "--resume", str(checkpoint_copy)))
     assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not out.exists(), "a refused resume writes nothing"
     assert not marker.exists(), "a planted pickle is never executed"
@@ -73,7 +74,7 @@ def test_a_checkpoint_of_another_model_is_refused(ddp_run: Path, tiny_model_dir:
     config["num_hidden_layers"] = 2
     (other / "config.json").write_text(json.dumps(config))
     out = tmp_path / "resumed"
-    proc = run_cli(*reference_args(other, tiny_data, out, "--strategy", "ddp", "--resume", str(ddp_run / "checkpoints" / "step-000010")))
+    proc = cli_in_process(*reference_args(other, tiny_data, out, "--strategy", "ddp", "--resume", str(ddp_run / "checkpoints" / "step-000010")))
     assert proc.returncode == 2, proc.stderr
     assert "the checkpoint holds a different model" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
@@ -82,7 +83,7 @@ def test_a_checkpoint_of_another_model_is_refused(ddp_run: Path, tiny_model_dir:
 def test_a_directory_that_is_not_a_checkpoint_is_refused(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     for cmd in (["checkpoint", "inspect", str(tmp_path)], ["checkpoint", "export", str(tmp_path), "--to", "hf", str(tmp_path / "out")]):
-        proc = run_cli(*cmd)
+        proc = cli_in_process(*cmd)
         assert proc.returncode == 2 and "is not a complete checkpoint" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
 
@@ -92,7 +93,7 @@ def test_export_writes_a_model_transformers_loads_with_the_trained_weights(ddp_r
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "hf"
-    proc = run_cli("checkpoint", "export", str(ddp_run / "checkpoints" / "step-000020"), "--to", "hf", str(out))
+    proc = cli_in_process("checkpoint", "export", str(ddp_run / "checkpoints" / "step-000020"), "--to", "hf", str(out))
     assert proc.returncode == 0, proc.stderr
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     from huggingface_hub import ModelCard
@@ -105,9 +106,9 @@ def test_export_writes_a_model_transformers_loads_with_the_trained_weights(ddp_r
     final = AutoModelForCausalLM.from_pretrained(ddp_run / "final").eval()  # written after step 20
     with torch.no_grad():
         torch.testing.assert_close(exported(ids).logits, final(ids).logits)
-    again = run_cli("checkpoint", "export", str(ddp_run), "--to", "hf", str(out))
+    again = cli_in_process("checkpoint", "export", str(ddp_run), "--to", "hf", str(out))
     assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten
-    merge = run_cli("checkpoint", "export", str(ddp_run), "--to", "hf", "--merge", str(tmp_path / "merged"))
+    merge = cli_in_process("checkpoint", "export", str(ddp_run), "--to", "hf", "--merge", str(tmp_path / "merged"))
     assert merge.returncode == 2 and "--merge" in merge.stderr and "holds the full model" in merge.stderr  # nothing to merge
     assert not (tmp_path / "merged").exists()
 
@@ -119,7 +120,7 @@ def test_convert_writes_a_verified_checkpoint_in_the_target_format(ddp_run: Path
 
     source = ddp_run / "checkpoints" / "step-000010"
     out = tmp_path / "as-deepspeed"
-    proc = run_cli("checkpoint", "convert", str(source), "--to", "deepspeed", "--world-size", "4", str(out))
+    proc = cli_in_process("checkpoint", "convert", str(source), "--to", "deepspeed", "--world-size", "4", str(out))
     assert proc.returncode == 0, proc.stderr
     manifest = verify_checkpoint(out)
     assert manifest["format"] == "deepspeed" and manifest["world_size"] == 4 and manifest["converted_from"]["format"] == "dcp"
@@ -129,6 +130,6 @@ def test_convert_writes_a_verified_checkpoint_in_the_target_format(ddp_run: Path
     for key in theirs:
         torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=0)
     for bad, message in ((["--to", "nonsense"], "cannot convert to 'nonsense'"), (["--to", "dcp", "--world-size", "0"], "at least 1")):
-        proc = run_cli("checkpoint", "convert", str(source), *bad, str(tmp_path / "x"))
+        proc = cli_in_process("checkpoint", "convert", str(source), *bad, str(tmp_path / "x"))
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert run_cli("checkpoint", "convert", str(source), "--to", "dcp", str(out)).returncode == 2  # OUT exists
+    assert cli_in_process("checkpoint", "convert", str(source), "--to", "dcp", str(out)).returncode == 2  # OUT exists

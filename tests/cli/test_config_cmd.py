@@ -1,5 +1,9 @@
 """`acc-train config` as a user meets it: the wizard in a real terminal and with piped answers,
-the default config file it saves and `acc-train` then reads, the JSON Schema, and `validate`."""
+the default config file it saves and `acc-train` then reads, the JSON Schema, and `validate`.
+
+The wizard in a terminal (pexpect) and the import weight of ``config --help`` and ``config schema``
+run in a fresh interpreter; every other command in this process
+(:func:`tests.conftest.cli_in_process`: piped answers are its ``input``)."""
 
 from __future__ import annotations
 
@@ -14,25 +18,25 @@ import pexpect
 import pytest
 import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import cli_in_process
 
 
 @pytest.fixture
 def default_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Where the wizard saves and `acc-train` reads, for this test (run_cli passes the env on)."""
+    """Where the wizard saves and `acc-train` reads, for this test (the runners pass the env on)."""
     path = tmp_path / "cfg" / "default_config.yaml"
     monkeypatch.setenv("ACC_TRAIN_CONFIG_FILE", str(path))
     return path
 
 
 def piped(answers: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "acc_train_cli", "config", *args], input=answers, capture_output=True, text=True, timeout=120
-    )
+    """``acc-train config ARGS`` with ``answers`` piped to its stdin (click's test runner echoes
+    each answer read to stdout, as a terminal would)."""
+    return cli_in_process("config", *args, input=answers, timeout=120)
 
 
 def resolved(*args: str) -> tuple[dict, str]:
-    proc = run_cli(*args, "--print-config")
+    proc = cli_in_process(*args, "--print-config")
     assert proc.returncode == 0, proc.stderr
     return yaml.safe_load(proc.stdout), proc.stderr
 
@@ -53,11 +57,11 @@ def test_help_and_schema_import_neither_torch_nor_accelerate(default_file: Path)
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert "HEAVY []" in proc.stdout, args
-    assert "config" in run_cli("--help").stdout
+    assert "config" in cli_in_process("--help").stdout
 
 
 def test_yes_saves_every_default_and_acc_train_then_uses_the_file(default_file: Path) -> None:
-    proc = run_cli("config", "--yes")
+    proc = cli_in_process("config", "--yes")
     assert proc.returncode == 0, proc.stderr
     assert str(default_file) in proc.stdout
     saved = yaml.safe_load(default_file.read_text())
@@ -74,14 +78,14 @@ def test_yes_saves_every_default_and_acc_train_then_uses_the_file(default_file: 
 def test_default_location_follows_xdg_config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ACC_TRAIN_CONFIG_FILE")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
-    assert run_cli("config", "--yes").returncode == 0
+    assert cli_in_process("config", "--yes").returncode == 0
     assert (tmp_path / "acc-train" / "default_config.yaml").is_file()
     assert "using the default config file" in resolved()[1]
 
 
 def test_config_file_option_saves_elsewhere(default_file: Path, tmp_path: Path) -> None:
     other = tmp_path / "other.yaml"
-    assert run_cli("config", "--yes", "--config-file", str(other)).returncode == 0
+    assert cli_in_process("config", "--yes", "--config-file", str(other)).returncode == 0
     assert other.is_file() and not default_file.exists()
 
 
@@ -128,7 +132,7 @@ def test_wizard_in_a_terminal_asks_again_with_the_reason_and_saves(default_file:
 
 
 def test_ctrl_c_leaves_the_previous_file_untouched(default_file: Path) -> None:
-    assert run_cli("config", "--yes").returncode == 0
+    assert cli_in_process("config", "--yes").returncode == 0
     before = default_file.read_text()
     child = spawn()
     child.expect_exact("How many machines take part")
@@ -188,12 +192,12 @@ def test_precedence_defaults_file_then_config_then_flags_then_set(default_file: 
 
 
 def test_schema_accepts_good_configs_and_rejects_bad_ones(default_file: Path) -> None:
-    proc = run_cli("config", "schema")
+    proc = cli_in_process("config", "schema")
     assert proc.returncode == 0, proc.stderr
     schema = json.loads(proc.stdout)
     jsonschema.Draft202012Validator.check_schema(schema)
     validator = jsonschema.Draft202012Validator(schema)
-    assert run_cli("config", "--yes").returncode == 0
+    assert cli_in_process("config", "--yes").returncode == 0
     good = [
         yaml.safe_load(default_file.read_text()),
         {"training": {"max_steps": 10}, "strategy": {"name": "zero3-offload", "stage": 3}},
@@ -218,7 +222,7 @@ def test_schema_accepts_good_configs_and_rejects_bad_ones(default_file: Path) ->
 def test_validate_lists_every_problem_with_file_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "job.yaml"
     bad.write_text("training:\n  max_step: 10\n  seed: x\nlaunch:\n  num_processes: 0\nstrategy:\n  name: fsdp\n  version: 3\n")
-    proc = run_cli("config", "validate", str(bad))
+    proc = cli_in_process("config", "validate", str(bad))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "4 problems" in proc.stderr
     for line in (
@@ -230,13 +234,13 @@ def test_validate_lists_every_problem_with_file_and_line(tmp_path: Path) -> None
         assert line in proc.stderr, (line, proc.stderr)
     good = tmp_path / "good.yaml"
     good.write_text("training:\n  max_steps: 10\nstrategy: zero2\n")
-    proc = run_cli("config", "validate", str(good))
+    proc = cli_in_process("config", "validate", str(good))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"{good}: OK (strategy zero2)"
 
 
 def test_validate_without_a_file_checks_the_default_one(default_file: Path) -> None:
-    proc = run_cli("config", "validate")
+    proc = cli_in_process("config", "validate")
     assert proc.returncode == 2 and "run `acc-train config`" in proc.stderr
-    assert run_cli("config", "--yes").returncode == 0
-    assert run_cli("config", "validate").returncode == 0
+    assert cli_in_process("config", "--yes").returncode == 0
+    assert cli_in_process("config", "validate").returncode == 0

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.test_cli import assert_user_error
-from tests.conftest import run_cli
+from tests.conftest import cli_in_process
 
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -57,14 +57,14 @@ KINDS = ["under-a-file", "the-file-itself", "under-proc", "read-only"]
 def test_an_output_dir_that_cannot_be_created_is_refused(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     out, says = _unwritable(kind, tmp_path, request)
     before = listing(tmp_path)
-    proc = run_cli("--output-dir", str(out), "--max-steps", "1")
+    proc = cli_in_process("--output-dir", str(out), "--max-steps", "1")
     assert_user_error(proc, "--output-dir", str(out), says)
     assert listing(tmp_path) == before
     assert not out.exists() or out.is_file()
 
 
 def test_an_empty_output_dir_is_refused(tmp_path: Path) -> None:
-    proc = run_cli("--output-dir", "", "--max-steps", "1", cwd=tmp_path)
+    proc = cli_in_process("--output-dir", "", "--max-steps", "1", cwd=tmp_path)
     assert_user_error(proc, "--output-dir", "is empty")
     assert listing(tmp_path) == []
 
@@ -74,7 +74,7 @@ def test_resume_and_overwrite_together_are_refused(resume: str, tmp_path: Path) 
     out = tmp_path / "run"
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
-    proc = run_cli("--output-dir", str(out), "--resume", resume, "--overwrite", "--max-steps", "1")
+    proc = cli_in_process("--output-dir", str(out), "--resume", resume, "--overwrite", "--max-steps", "1")
     assert_user_error(proc, "--overwrite", f"--resume {resume}", "drop")
     assert listing(tmp_path) == ["run", "run/metrics.jsonl"]
 
@@ -87,7 +87,7 @@ def test_a_checkpoint_out_that_cannot_be_created_is_refused_before_any_work(
     out, says = _unwritable(kind, tmp_path, request)
     before = listing(tmp_path)
     # PATH need not exist: OUT is checked first, before the checkpoint is read
-    proc = run_cli("checkpoint", command, str(tmp_path / "no-checkpoint"), "--to", "dcp" if command == "convert" else "hf", str(out))
+    proc = cli_in_process("checkpoint", command, str(tmp_path / "no-checkpoint"), "--to", "dcp" if command == "convert" else "hf", str(out))
     if kind == "the-file-itself":
         says = "already exists"
     assert_user_error(proc, "OUT", str(out), says)
@@ -126,7 +126,7 @@ def test_resume_auto_on_a_run_without_checkpoints_is_refused_not_started_over(tm
     (out / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
     (out / "run.json").write_text("{}")
     before = snapshot(tmp_path)
-    result = run_cli("--output-dir", str(out), "--resume", "auto", "--max-steps", "2")
+    result = cli_in_process("--output-dir", str(out), "--resume", "auto", "--max-steps", "2")
     assert_user_error(result, "--resume")
     assert "no complete checkpoint" in result.stderr and "--overwrite" in result.stderr, result.stderr
     assert snapshot(tmp_path) == before

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import cli_in_process
 
 
 def summary_of(stdout: str) -> dict[str, str]:
@@ -45,7 +45,7 @@ def fake_run(out: Path, finished: bool = True) -> Path:
 
 def test_report_prints_the_summary_and_draws_the_png(tmp_path: Path) -> None:
     out = fake_run(tmp_path / "run")
-    proc = run_cli("report", str(out))
+    proc = cli_in_process("report", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = summary_of(proc.stdout)
     assert rows["strategy"] == "zero3 (DEEPSPEED)" and rows["world size"] == "2" and rows["steps"] == "30"
@@ -61,7 +61,7 @@ def test_report_prints_the_summary_and_draws_the_png(tmp_path: Path) -> None:
 
 def test_an_unfinished_run_is_reported_from_its_metrics(tmp_path: Path) -> None:
     out = fake_run(tmp_path / "run", finished=False)
-    proc = run_cli("report", str(out), "--no-png")
+    proc = cli_in_process("report", str(out), "--no-png")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = summary_of(proc.stdout)
     assert "unfinished" in rows["run"] and rows["strategy"] == "zero3" and rows["steps"] == "30"
@@ -75,7 +75,7 @@ def test_a_directory_without_metrics_is_exit_2(tmp_path: Path, make: bool) -> No
     target = tmp_path / "nothing"
     if make:
         target.mkdir()
-    proc = run_cli("report", str(target))
+    proc = cli_in_process("report", str(target))
     assert proc.returncode == 2
     assert "metrics.jsonl" in proc.stderr or "does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -90,7 +90,7 @@ def test_a_damaged_latest_pointer_shows_the_checkpoint_resume_auto_finds(ddp_run
     out = tmp_path / "run"
     shutil.copytree(ddp_run, out)
     (out / "checkpoints" / "latest").write_bytes(pointer)
-    proc = run_cli("report", str(out), "--no-png")
+    proc = cli_in_process("report", str(out), "--no-png")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary_of(proc.stdout)["checkpoints"] == "step-000010 (step 10), step-000020 (step 20, latest)"
 

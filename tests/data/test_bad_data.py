@@ -13,7 +13,7 @@ import pytest
 from acc_train.config import DataConfig
 from acc_train.data import check_data_files
 from acc_train.errors import UserError
-from tests.conftest import run_cli
+from tests.conftest import cli_in_process
 from tests.data.conftest import CHATML, save_tokenizer_into
 
 GOOD_CHAT = {"messages": [{"role": "user", "content": "what is two plus four?"}, {"role": "assistant", "content": "six"}]}
@@ -30,7 +30,7 @@ def refused(tmp_path: Path, model: Path, kind: str, files: dict[str, str | bytes
         (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     train = next(n for n in files if n.startswith("train"))
     out = tmp_path / "out"
-    proc = run_cli(
+    proc = cli_in_process(
         "--set", f"model.name_or_path={model}",
         "--set", f"data.train_files=[{tmp_path / train}]",
         "--set", f"data.kind={kind}",
@@ -80,7 +80,7 @@ def test_a_tokenizer_without_chat_template_under_kind_chat(tmp_path: Path, tiny_
 
 def test_the_demo_job_under_kind_chat(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = run_cli("--set", "data.kind=chat", "--num-processes", "1", "--max-steps", "1", "--output-dir", str(out), timeout=300)
+    proc = cli_in_process("--set", "data.kind=chat", "--num-processes", "1", "--max-steps", "1", "--output-dir", str(out), timeout=300)
     assert proc.returncode == 2 and "data.kind 'chat'" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert not out.exists()
 

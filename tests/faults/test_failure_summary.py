@@ -48,14 +48,14 @@ def test_the_earliest_real_error_wins_over_a_later_one_and_the_agents_stops(tmp_
 def test_a_busy_main_process_port_is_exit_2_naming_it(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
     import socket
 
-    from tests.conftest import run_cli, tiny_job_args
+    from tests.conftest import cli_in_process, tiny_job_args
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         machines = ["--num-machines", "2", "--machine-rank", "0", "--main-process-ip", "127.0.0.1", "--main-process-port", str(port)]
-        proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, tmp_path / "run", "--num-processes", "1", "--max-steps", "1", *machines))
+        proc = cli_in_process(*tiny_job_args(tiny_model_dir, tiny_data, tmp_path / "run", "--num-processes", "1", "--max-steps", "1", *machines))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: launch.main_process_port: port {port} on this machine is already in use" in proc.stderr
     assert "hint: set --main-process-port" in proc.stderr and "Traceback" not in proc.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from acc_train.output_paths import replace_directory
 
-from tests.conftest import reference_args, run_cli
+from tests.conftest import cli_in_process, reference_args, run_cli
 
 
 def test_replace_directory_swaps_in_the_new_one_whole(tmp_path: Path) -> None:
@@ -46,5 +46,5 @@ def test_resume_auto_finishes_a_run_that_died_while_finishing(ddp_run: Path, tin
     assert (out / "final" / "config.json").is_file() and not list(out.glob(".final-*"))
     assert sorted(p.name for p in (out / "final").iterdir()) == sorted(p.name for p in (ddp_run / "final").iterdir())
     # a finished run is not finished twice
-    again = run_cli(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "ddp", "--resume", "auto"))
+    again = cli_in_process(*reference_args(tiny_model_dir, tiny_data, out, "--strategy", "ddp", "--resume", "auto"))
     assert again.returncode == 2 and "the checkpoint is at step 20, and this run stops at step 20" in again.stderr

@@ -14,7 +14,7 @@ import pytest
 from acc_train import UserError
 from acc_train.run_lock import LOCK_NAME, run_lock
 
-from tests.conftest import read_metrics, run_cli, tiny_job_args
+from tests.conftest import cli_in_process, read_metrics, tiny_job_args
 
 
 def test_a_second_holder_is_refused_naming_the_first(tmp_path: Path) -> None:
@@ -56,7 +56,7 @@ def test_a_second_run_into_a_busy_output_dir_is_refused_and_the_first_finishes(t
             proc.suspend()
         assert json.loads((out / LOCK_NAME).read_text())["pid"] == first.pid
         # --overwrite would replace the run: refused before anything is touched
-        second = run_cli(*args, "--overwrite")
+        second = cli_in_process(*args, "--overwrite")
         assert second.returncode == 2, second.stderr[-3000:]
         assert f"is in use by another run (pid {first.pid} on" in second.stderr and "Traceback" not in second.stderr
     finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, tiny_job_args
+from tests.conftest import cli_in_process, tiny_job_args
 
 
 @pytest.mark.launch
@@ -36,7 +36,7 @@ def test_modules_in_the_working_directory_do_not_shadow_the_workers_libraries(tm
 def test_a_dangling_symlink_as_output_dir_is_refused_before_launch(tmp_path: Path, tiny_model_dir: Path, tiny_data: dict[str, Path]) -> None:
     link = tmp_path / "runs"
     os.symlink(tmp_path / "gone" / "runs", link)
-    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, link, "--max-steps", "2"))
+    proc = cli_in_process(*tiny_job_args(tiny_model_dir, tiny_data, link, "--max-steps", "2"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "is a symbolic link to" in proc.stderr and "which does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -53,7 +53,7 @@ def test_a_dangling_symlink_as_output_dir_is_refused_before_launch(tmp_path: Pat
 @pytest.mark.parametrize("command", [("plan",), ("--max-steps", "1")], ids=["plan", "train"])
 def test_a_model_config_transformers_rejects_is_refused_by_plan_and_training(sets: tuple[str, ...], says: str, command: tuple[str, ...], tmp_path: Path) -> None:
     args = [a for s in sets for a in ("--set", s)]
-    proc = run_cli(*args, *command, "--output-dir", str(tmp_path / "run")) if command[0] != "plan" else run_cli("plan", *args)
+    proc = cli_in_process(*args, *command, "--output-dir", str(tmp_path / "run")) if command[0] != "plan" else cli_in_process("plan", *args)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "error: model.config: invalid demo model config" in proc.stderr and says in proc.stderr
     assert "Traceback" not in proc.stderr

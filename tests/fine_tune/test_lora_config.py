@@ -12,7 +12,7 @@ import pytest
 from acc_train.adapters import adapter_manifest, apply_lora, check_adapters_match
 from acc_train.config import load_job
 from acc_train.errors import UserError
-from tests.conftest import run_cli, tiny_job_args
+from tests.conftest import cli_in_process, tiny_job_args
 
 
 def _job(model: Path, *sets: str):
@@ -44,7 +44,7 @@ def test_only_the_adapters_train(tiny_model_dir: Path) -> None:
 
 def test_unknown_target_modules_are_refused_before_launch(tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, out, "--set", "model.lora.target_modules=[qkv_proj]", "--max-steps", "1"))
+    proc = cli_in_process(*tiny_job_args(tiny_model_dir, tiny_data, out, "--set", "model.lora.target_modules=[qkv_proj]", "--max-steps", "1"))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "model.lora.target_modules" in proc.stderr and "q_proj" in proc.stderr  # names the model's own linear layers
     assert not out.exists()  # refused before anything was made
@@ -65,7 +65,7 @@ def test_adapters_must_match_to_resume(tiny_model_dir: Path) -> None:
 
 def test_plan_counts_the_adapters_and_the_frozen_base(tiny_model_dir: Path) -> None:
     def plan(*extra: str) -> dict:
-        proc = run_cli("plan", "--json", "--model", str(tiny_model_dir), "--num-processes", "2", "--mixed-precision", "no", *extra)
+        proc = cli_in_process("plan", "--json", "--model", str(tiny_model_dir), "--num-processes", "2", "--mixed-precision", "no", *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout)
 
@@ -80,7 +80,7 @@ def test_plan_counts_the_adapters_and_the_frozen_base(tiny_model_dir: Path) -> N
     assert (ddp["params"], ddp["grads"], ddp["optimizer"], ddp["frozen"]) == (4 * adapters, 4 * adapters, 8 * adapters, 4 * full["parameters"])
     assert fsdp2["frozen"] == 2 * full["parameters"]  # fp32, sharded over 2
     assert zero3["frozen"] < ddp["frozen"]
-    text = run_cli("plan", "--model", str(tiny_model_dir), "--num-processes", "2", "--set", "model.lora.r=4").stdout
+    text = cli_in_process("plan", "--model", str(tiny_model_dir), "--num-processes", "2", "--set", "model.lora.r=4").stdout
     assert "frozen base" in text and "LoRA" in text
 
 
@@ -102,11 +102,11 @@ def test_the_guides_fine_tuning_example_resolves_and_plans(tiny_model_dir: Path,
     config["output_dir"] = str(tmp_path / "run")
     path = tmp_path / "finetune.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = run_cli("--config", str(path), "--print-config")
+    proc = cli_in_process("--config", str(path), "--print-config")
     assert proc.returncode == 0, proc.stderr[-3000:]
     resolved = yaml.safe_load(proc.stdout)
     assert resolved["model"]["lora"]["r"] == 16 and resolved["optimizer"]["lr"] == 2e-5
     assert resolved["training"]["tracker"]["project"] == "llama-ft"
-    plan = run_cli("plan", "--config", str(path), "--json", "--num-processes", "2")
+    plan = cli_in_process("plan", "--config", str(path), "--json", "--num-processes", "2")
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert json.loads(plan.stdout)["frozen_parameters"] > 0

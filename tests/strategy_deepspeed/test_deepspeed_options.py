@@ -13,7 +13,7 @@ from acc_train import Machine, UserError, resolve_strategy
 from acc_train.config import load_job
 from acc_train_deepspeed import DeepSpeedStrategy
 from acc_train_deepspeed.config import load_ds_config
-from tests.conftest import run_cli
+from tests.conftest import cli_in_process
 
 
 def test_presets() -> None:
@@ -77,7 +77,7 @@ def test_accelerate_deepspeed_yaml_is_read_as_it_is(tmp_path: Path) -> None:
         "mixed_precision: 'no'\nnum_machines: 1\nnum_processes: 2\nrdzv_backend: static\nsame_network: true\n"
         "tpu_env: []\ntpu_use_cluster: false\ntpu_use_sudo: false\nuse_cpu: false\n"
     )
-    proc = run_cli("--config", str(cfg), "--print-config")
+    proc = cli_in_process("--config", str(cfg), "--print-config")
     assert proc.returncode == 0, proc.stderr
     resolved = yaml.safe_load(proc.stdout)
     assert resolved["strategy"]["name"] == "deepspeed" and resolved["strategy"]["stage"] == 3
@@ -110,10 +110,10 @@ def test_parameter_shards_and_the_reported_stage_come_from_what_runs() -> None:
 
 def test_zero_stage_0_is_refused_before_launch_with_what_to_use(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = run_cli("--strategy", "deepspeed", "--set", "strategy.stage=0", "--num-processes", "2", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "deepspeed", "--set", "strategy.stage=0", "--num-processes", "2", "--output-dir", str(out))
     assert proc.returncode == 2 and "strategy.stage: ZeRO stage 0" in proc.stderr and "--strategy ddp" in proc.stderr
     silent = tmp_path / "ds.json"  # DeepSpeed's own default is stage 0
     silent.write_text('{"train_micro_batch_size_per_gpu": "auto"}')
-    proc = run_cli("--strategy", "deepspeed", "--set", f"strategy.config_file={silent}", "--num-processes", "2", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "deepspeed", "--set", f"strategy.config_file={silent}", "--num-processes", "2", "--output-dir", str(out))
     assert proc.returncode == 2 and f"{silent}: zero_optimization.stage" in proc.stderr and "without zero_optimization.stage means stage 0" in proc.stderr
     assert not out.exists()

@@ -27,8 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WORDS, read_metrics, run_cli, shared_runs, tiny_job_args
-from tests.conftest import run_cli as run_cli_outside
+from tests.conftest import WORDS, cli_in_process, read_metrics, shared_runs, tiny_job_args
 
 
 def _fsdp(**options: Any) -> Any:
@@ -42,7 +41,7 @@ def _fsdp(**options: Any) -> Any:
 
 def test_cp_is_refused_on_cpu_before_launch_with_the_measured_reason(tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, out, "--strategy", "fsdp", "--num-processes", "2", "--set", "strategy.cp=2"))
+    proc = cli_in_process(*tiny_job_args(tiny_model_dir, tiny_data, out, "--strategy", "fsdp", "--num-processes", "2", "--set", "strategy.cp=2"))
     assert proc.returncode == 2, proc.stderr
     assert "strategy.cp" in proc.stderr and "cannot run on CPU" in proc.stderr
     assert "aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy registered" in proc.stderr
@@ -50,35 +49,38 @@ def test_cp_is_refused_on_cpu_before_launch_with_the_measured_reason(tiny_model_
     assert not out.exists()
 
 
-def _stand_in_env(root: Path) -> dict[str, str]:
-    """The environment of a process that loads :data:`STAND_IN` (cp past the CPU refusal)."""
-    (root / "sitecustomize.py").write_text(STAND_IN)
-    return {"CP_STAND_IN": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+def test_cp_job_settings_are_checked_before_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU the refusal of cp comes first (above); past it, as on GPUs, the job's settings.
+    The command runs in this process past the refusal as :data:`STAND_IN` takes a worker past it
+    (its ``check_environment``; nothing here reaches attention)."""
+    from acc_train.api import Machine
+    from acc_train_fsdp.strategy import FSDPStrategy
 
+    checked = FSDPStrategy.check_environment
 
-def test_cp_job_settings_are_checked_before_launch(tmp_path: Path) -> None:
-    """On CPU the refusal of cp comes first (above); past it, as on GPUs, the job's settings."""
+    def check_environment(self: Any, machine: Any) -> Any:
+        if machine.device_type == "cpu":  # past the refusal of cp on CPU, every other check kept
+            machine = Machine("cuda", machine.world_size, machine.num_machines)
+        return checked(self, machine)
+
+    monkeypatch.setattr(FSDPStrategy, "check_environment", check_environment)
     out = tmp_path / "run"
     base = ("--strategy", "fsdp", "--num-processes", "2", "--set", "strategy.cp=2", "--output-dir", str(out), "--max-steps", "1")
-    stand_in = _stand_in_env(tmp_path)
 
-    def run_cli(*args: str) -> Any:
-        return run_cli_outside(*args, env=stand_in)
-
-    proc = run_cli(*base, "--set", "data.seq_len=30")
+    proc = cli_in_process(*base, "--set", "data.seq_len=30")
     assert proc.returncode == 2 and "strategy.cp" in proc.stderr
     assert "data.seq_len divisible by 2 x cp = 4" in proc.stderr and "data.seq_len is 30" in proc.stderr
-    proc = run_cli(*base, "--set", "model.attn_implementation=eager")
+    proc = cli_in_process(*base, "--set", "model.attn_implementation=eager")
     assert proc.returncode == 2 and "model.attn_implementation" in proc.stderr and "'eager'" in proc.stderr
-    proc = run_cli(*base, "--set", "data.packing=false")
+    proc = cli_in_process(*base, "--set", "data.packing=false")
     assert proc.returncode == 2 and "data.packing" in proc.stderr and "takes no attention mask" in proc.stderr
-    proc = run_cli(*base, "--set", "training.compile.enabled=true")
+    proc = cli_in_process(*base, "--set", "training.compile.enabled=true")
     assert proc.returncode == 2 and "training.compile" in proc.stderr and "context-parallel model (strategy.cp" in proc.stderr
-    proc = run_cli("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.cp=3", "--set", "data.seq_len=96", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.cp=3", "--set", "data.seq_len=96", "--output-dir", str(out))
     assert proc.returncode == 2 and "strategy.cp" in proc.stderr and "cp: 3 does not divide the world size (4 processes)" in proc.stderr
-    proc = run_cli("--strategy", "fsdp", "--set", "strategy.cp_comm_strategy=alltoall", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "fsdp", "--set", "strategy.cp_comm_strategy=alltoall", "--output-dir", str(out))
     assert proc.returncode == 2 and "cp_comm_strategy is used by context parallelism only" in proc.stderr
-    proc = run_cli("--strategy", "fsdp1", "--set", "strategy.cp=2", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "fsdp1", "--set", "strategy.cp=2", "--output-dir", str(out))
     assert proc.returncode == 2 and "FSDP2 option" in proc.stderr
     assert not out.exists()
 
@@ -181,14 +183,14 @@ def test_parallelism_config_carries_cp(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_plan_shows_a_cp_mesh_row() -> None:
-    proc = run_cli("plan", "--num-processes", "4", "--mesh", "shard=2,cp=2", "--json")
+    proc = cli_in_process("plan", "--num-processes", "4", "--mesh", "shard=2,cp=2", "--json")
     assert proc.returncode == 0, proc.stderr
     rows = {r["label"]: r for r in json.loads(proc.stdout)["rows"]}
     row, plain = rows["fsdp2 mesh replicate=1,shard=2,cp=2"], rows["fsdp2"]
     assert (row["params"], row["grads"], row["optimizer"]) == (plain["params"], plain["grads"], plain["optimizer"])  # sharded over 4 as FSDP on 4
     assert "N = dp_shard x cp" in row["note"]
     assert row["activations"] < plain["activations"]  # each rank runs half of every row
-    proc = run_cli("plan", "--num-processes", "4", "--mesh", "cp=3")
+    proc = cli_in_process("plan", "--num-processes", "4", "--mesh", "cp=3")
     assert proc.returncode == 2 and "cp: 3 does not divide the world size (4 processes)" in proc.stderr
 
 

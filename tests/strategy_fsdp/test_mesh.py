@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, run_cli, stopped_copy, tiny_job_args, shared_runs
+from tests.conftest import cli_in_process, read_metrics, run_cli, shared_runs, stopped_copy, tiny_job_args
 
 STEPS = 6
 #: the global batch is 8 sequences in every setting, so any of them continues another's data order
@@ -33,33 +33,33 @@ def _args(model: Path, data: dict[str, Path], out: Path, setting: str, *extra: s
 
 def test_mesh_sizes_must_fit_the_world_before_launch(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = run_cli("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.dp_replicate=3", "--output-dir", str(out), "--max-steps", "1")
+    proc = cli_in_process("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.dp_replicate=3", "--output-dir", str(out), "--max-steps", "1")
     assert proc.returncode == 2 and "strategy.dp_replicate" in proc.stderr and "does not divide the world size (4 processes)" in proc.stderr
-    proc = run_cli("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.dp_replicate=2", "--set", "strategy.dp_shard=3", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.dp_replicate=2", "--set", "strategy.dp_shard=3", "--output-dir", str(out))
     assert proc.returncode == 2 and "2 x 3 = 6" in proc.stderr
-    proc = run_cli("--strategy", "fsdp1", "--set", "strategy.dp_replicate=2", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "fsdp1", "--set", "strategy.dp_replicate=2", "--output-dir", str(out))
     assert proc.returncode == 2 and "FSDP2 option" in proc.stderr
     assert not out.exists()
 
 
 def test_tensor_and_context_parallel_sizes_are_checked_before_launch(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = run_cli("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=3", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=3", "--output-dir", str(out))
     assert proc.returncode == 2 and "strategy.tp" in proc.stderr and "tp: 3 does not divide the world size (4 processes)" in proc.stderr
-    proc = run_cli("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=2", "--set", "strategy.dp_shard=4", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=2", "--set", "strategy.dp_shard=4", "--output-dir", str(out))
     assert proc.returncode == 2 and "dp_shard: 4 does not divide the world size / tp (4 / 2 = 2)" in proc.stderr
-    proc = run_cli("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=2", "--set", "strategy.dp_replicate=2", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=2", "--set", "strategy.dp_replicate=2", "--output-dir", str(out))
     assert proc.returncode == 2 and "strategy.dp_replicate" in proc.stderr and "use dp_shard: 2 instead" in proc.stderr
-    proc = run_cli("--strategy", "fsdp", "--num-processes", "2", "--set", "strategy.cp=2", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "fsdp", "--num-processes", "2", "--set", "strategy.cp=2", "--output-dir", str(out))
     assert proc.returncode == 2 and "strategy.cp" in proc.stderr and "CUDA only" in proc.stderr
-    proc = run_cli("--strategy", "fsdp1", "--set", "strategy.tp=2", "--output-dir", str(out))
+    proc = cli_in_process("--strategy", "fsdp1", "--set", "strategy.tp=2", "--output-dir", str(out))
     assert proc.returncode == 2 and "FSDP2 option" in proc.stderr
     assert not out.exists()
 
 
 def test_tp_must_divide_the_models_heads_before_launch(tiny_model_dir: Path, tiny_data: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = run_cli(*tiny_job_args(tiny_model_dir, tiny_data, out, "--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=4"))
+    proc = cli_in_process(*tiny_job_args(tiny_model_dir, tiny_data, out, "--strategy", "fsdp", "--num-processes", "4", "--set", "strategy.tp=4"))
     assert proc.returncode == 2 and "strategy.tp" in proc.stderr and "tp: 4 does not divide the model's num_attention_heads (2)" in proc.stderr
     assert not out.exists()
 
@@ -189,11 +189,11 @@ def test_an_accelerate_config_files_parallelism_config_is_the_mesh(tmp_path: Pat
 
     cfg = tmp_path / "accelerate.yaml"
     cfg.write_text(ACCELERATE_MESH_FILE)
-    proc = run_cli("--config", str(cfg), "--print-config")
+    proc = cli_in_process("--config", str(cfg), "--print-config")
     assert proc.returncode == 0, proc.stderr
     strategy = yaml.safe_load(proc.stdout)["strategy"]
     assert (strategy["name"], strategy["version"], strategy["dp_replicate"], strategy["dp_shard"], strategy["tp"]) == ("fsdp", 2, 2, 2, 2)
-    proc = run_cli("plan", "--config", str(cfg))  # the job's own row: the file's mesh, per rank
+    proc = cli_in_process("plan", "--config", str(cfg))  # the job's own row: the file's mesh, per rank
     assert proc.returncode == 0, proc.stderr
     assert "mesh dp_replicate=2 x dp_shard=2 x tp=2: N = dp_shard x tp" in proc.stdout
 
@@ -201,12 +201,12 @@ def test_an_accelerate_config_files_parallelism_config_is_the_mesh(tmp_path: Pat
 def test_a_parallelism_config_no_strategy_reads_is_refused_with_its_line(tmp_path: Path) -> None:
     cfg = tmp_path / "accelerate.yaml"
     cfg.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\nparallelism_config:\n  parallelism_config_tp_size: 2\n")
-    proc = run_cli("--config", str(cfg), "--print-config")
+    proc = cli_in_process("--config", str(cfg), "--print-config")
     assert proc.returncode == 2
     assert f"{cfg}:3: parallelism_config" in proc.stderr and "the ddp strategy (distributed_type MULTI_GPU) does not read it" in proc.stderr
     assert "read by the fsdp strategy" in proc.stderr
     cfg.write_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 1\nparallelism_config:\n  parallelism_config_tp_size: 2\n")
-    proc = run_cli("--config", str(cfg), "--print-config")
+    proc = cli_in_process("--config", str(cfg), "--print-config")
     assert proc.returncode == 2 and f"{cfg}:5: parallelism_config" in proc.stderr and "needs FSDP2" in proc.stderr
 
 
@@ -224,7 +224,7 @@ def test_fsdp_options_are_refused_where_tensor_parallelism_runs_alone() -> None:
 def test_the_plan_splits_activations_over_tp() -> None:
     from acc_train.memory_plan import ModelShape, layer_activation_bytes
 
-    proc = run_cli("plan", "--num-processes", "4", "--mesh", "shard=2,tp=2", "--json", "--mixed-precision", "no")
+    proc = cli_in_process("plan", "--num-processes", "4", "--mesh", "shard=2,tp=2", "--json", "--mixed-precision", "no")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     rows = {r["label"]: r for r in out["rows"]}

@@ -76,9 +76,9 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_fault_env()
     check_launch_support(cfg.launch)
     check_model_path(cfg.model)
+    check_data_files(cfg.data)  # needs no torch: a missing or broken file is refused in a second, before torch loads
     check_attn_implementation(cfg.model, current_machine().device_type)
     _check_strategy_fits(job)
-    check_data_files(cfg.data)
     if cfg.eval.harness_tasks:  # lm-eval installed, every task known and loadable: exit 2 now, not at the first evaluation
         from acc_train.harness import check_job_harness
 
