@@ -18,6 +18,7 @@ from acc_train.config import load_job
 from acc_train.errors import UserError
 from acc_train.metrics import MetricsRow
 from acc_train.trainer import check_output_dir, train
+from tests.core.test_train_in_process import TINY_DEMO
 
 PLUGIN = '''
 import json, os
@@ -79,14 +80,6 @@ def acc_train_train_end(run, summary):
             f.write(json.dumps({"kind": "summary", "steps": summary["steps"], "final_loss": summary["final_loss"]}) + "\\n")
 '''
 
-TINY_DEMO = [
-    "model.config={hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}",
-    "data.seq_len=16",
-    "data.demo_max_bytes=20000",
-    "training.micro_batch_size=2",
-    "training.mixed_precision=no",
-    "training.progress_bar=false",
-]
 
 
 @pytest.fixture
