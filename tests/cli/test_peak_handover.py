@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from acc_train import mfu as M
+from acc_train.outputs import mfu as M
 
 
 def test_the_command_probes_a_cpu_before_launch_for_the_runs_precision(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from acc_train import mfu as M
+from acc_train.outputs import mfu as M
 
 TINY = {
     "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -60,7 +60,7 @@ def test_flops_per_token_of_llama_3_8b_matches_torchtitan() -> None:
 def test_lora_frozen_parameters_cost_forward_and_activation_gradient(tiny_model_dir: Path) -> None:
     import transformers
 
-    from acc_train.adapters import apply_lora
+    from acc_train.model.adapters import apply_lora
     from acc_train.config import load_job
 
     cfg = load_job(sets=[f"model.name_or_path={tiny_model_dir}", "model.lora.r=4", "model.lora.target_modules=[q_proj, v_proj]"]).config

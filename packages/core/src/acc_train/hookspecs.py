@@ -16,11 +16,11 @@ import pluggy
 if TYPE_CHECKING:
     from acc_train.checkpoint import CheckpointFormat
     from acc_train.data_kind import DataKind
-    from acc_train.optimizer import OptimizerKind
-    from acc_train.questions import Question
+    from acc_train.model.optimizer import OptimizerKind
+    from acc_train.config.questions import Question
     from acc_train.run import RunContext
     from acc_train.strategy import Strategy, WrapPolicy
-    from acc_train.tracker_kinds import TrackerKind
+    from acc_train.outputs.tracker_kinds import TrackerKind
 
 __all__ = ["hookspec", "hookimpl", "PROJECT_NAME"]
 

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from acc_train.config import ResolvedJob
-    from acc_train.memory_plan import MemoryPlan, PlanInput
-    from acc_train.model_state import ModelStateMeter
+    from acc_train.memory.plan import MemoryPlan, PlanInput
+    from acc_train.memory.state import ModelStateMeter
     from acc_train.run import RunContext
 
 __all__ = ["DEFAULT_STRATEGY", "Strategy", "StrategyOptions", "WrapPolicy", "Machine", "legacy_contract_problem"]
@@ -241,7 +241,7 @@ class Strategy(ABC, Generic[OptionsT]):
         """What counts this rank's parameter, gradient and optimizer-state bytes for run.json's
         ``model_state_bytes``, or None where they cannot be counted. Called once, after
         ``prepare``. The default reads the torch optimizer's parameters, gradients and state."""
-        from acc_train.model_state import TorchOptimizerMeter
+        from acc_train.memory.state import TorchOptimizerMeter
 
         return TorchOptimizerMeter(optimizer)
 
@@ -254,7 +254,7 @@ class Strategy(ABC, Generic[OptionsT]):
         """What one rank holds of the model state with these options, for ``acc-train plan``
         (no model is built). The default is a full replica on every rank, as DDP holds:
         16psi bytes in fp32. A sharding strategy states its own."""
-        from acc_train.memory_plan import replicated
+        from acc_train.memory.plan import replicated
 
         return replicated(plan)
 

@@ -7,7 +7,7 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from acc_train.errors import UserError
-from acc_train.optimizer import OptimizerKind
+from acc_train.model.optimizer import OptimizerKind
 
 if TYPE_CHECKING:
     from acc_train.config.schema import OptimizerConfig
@@ -44,7 +44,7 @@ def fit_to_optimizer(cfg: OptimizerConfig) -> None:
 
     from acc_train.config.problems import problem_lines
     from acc_train.config.sources import Sources
-    from acc_train.optimizer import COMMON_KEYS
+    from acc_train.model.optimizer import COMMON_KEYS
 
     kind = optimizer_kind(cfg.name)
     for key in COMMON_KEYS:

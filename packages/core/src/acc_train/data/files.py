@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.errors import UserError
-from acc_train.user_files import read_user_text
+from acc_train.files.user_files import read_user_text
 
 if TYPE_CHECKING:
     from acc_train.config import DataConfig

@@ -220,13 +220,13 @@ def _data_kind_base() -> type:
 
 
 def _tracker_base() -> type:
-    from acc_train.tracker_kinds import TrackerKind
+    from acc_train.outputs.tracker_kinds import TrackerKind
 
     return TrackerKind
 
 
 def _optimizer_base() -> type:
-    from acc_train.optimizer import OptimizerKind
+    from acc_train.model.optimizer import OptimizerKind
 
     return OptimizerKind
 

@@ -201,7 +201,7 @@ def _first(config: Any, *names: str) -> int | None:
 def model_shape(config: JobConfig) -> ModelShape:
     """Count the job's model (with ``model.lora``'s adapters) on the meta device: its config is
     read, no weight is allocated."""
-    from acc_train.model import meta_model
+    from acc_train.model.build import meta_model
 
     model, mcfg = meta_model(config)
     built = getattr(model, "config", mcfg)  # transformers resolved the attention implementation on it

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from acc_train.adapters import apply_lora
+from acc_train.model.adapters import apply_lora
 from acc_train.errors import UserError
 
 if TYPE_CHECKING:
