@@ -10,7 +10,7 @@ from acc_train.checkpoint import CheckpointFormat, DCPFormat
 from acc_train.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from acc_train.data_kind import DataKind
+    from acc_train.contracts.data_kind import DataKind
     from acc_train.model.optimizer import OptimizerKind
     from acc_train.run import RunContext
     from acc_train.outputs.tracker_kinds import TrackerKind

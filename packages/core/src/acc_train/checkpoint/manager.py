@@ -70,7 +70,7 @@ from acc_train.files.output_paths import readable, replace_file
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from acc_train.run import RunContext
+    from acc_train.contracts.protocols import RunView
 
 __all__ = ["TrainerState", "CheckpointManager", "check_async_save"]
 
@@ -147,10 +147,10 @@ class CheckpointManager:
         self.loaded_via: str | None = None
         self._pending: tuple[Any, TrainerState, Path, StreamHashes] | None = None
         self._group: Any = None
-        self._run: RunContext | None = None  # whose strategy's own state each save writes (attach)
+        self._run: RunView | None = None  # whose strategy's own state each save writes (attach)
         self._resumed: tuple[Path, int] | None = None  # the checkpoint load() restored, and its world size
 
-    def attach(self, run: RunContext) -> None:
+    def attach(self, run: RunView) -> None:
         """Bind the run before ``acc_train_train_start``: its strategy's own state comes back now, and each save writes it."""
         self._run = run
         hand_back(run, self._resumed)

@@ -39,7 +39,7 @@ from acc_train.files.output_paths import replace_file
 
 if TYPE_CHECKING:
     from acc_train.config import DataConfig
-    from acc_train.data_kind import DataKind
+    from acc_train.contracts.data_kind import DataKind
 
 __all__ = ["FORMAT_VERSION", "PreparedData", "cache_root", "fingerprint", "prepare_data", "demo_data"]
 

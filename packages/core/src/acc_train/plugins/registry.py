@@ -214,7 +214,7 @@ def _checkpoint_format_base() -> type:
 
 
 def _data_kind_base() -> type:
-    from acc_train.data_kind import DataKind
+    from acc_train.contracts.data_kind import DataKind
 
     return DataKind
 
