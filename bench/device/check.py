@@ -364,7 +364,8 @@ MFU_PROGRAM = """
 import json, sys
 args = json.loads(sys.argv[1])
 try:
-    from acc_train.outputs.mfu import device_peak_flops, model_flops_per_token, mfu
+    from acc_train.outputs.device_peaks import device_peak_flops
+    from acc_train.outputs.mfu import mfu, model_flops_per_token
 except ImportError as exc:
     print(json.dumps({"error": f"acc_train.outputs.mfu is missing ({exc}): the hand-written loop's MFU is not computed"}))
     raise SystemExit(0)

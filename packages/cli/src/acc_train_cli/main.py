@@ -159,7 +159,8 @@ def _peak_env(cfg: Any) -> dict[str, str]:
     a probe of that GPU alone): asking CUDA for a name here would hold a CUDA context in this
     process for the whole run."""
     from acc_train.machine import current_machine, resolve_mixed_precision
-    from acc_train.outputs.mfu import compute_precision, peak_for_workers
+    from acc_train.outputs.device_peaks import peak_for_workers
+    from acc_train.outputs.mfu import compute_precision
 
     machine = current_machine()
     if machine.device_type != "cpu":

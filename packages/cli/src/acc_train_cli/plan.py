@@ -77,7 +77,8 @@ def expected_throughput(shape: Any, seq_len: int, precision: str, world: int, ma
     from the peak table (``H100``, ``A100``...) for ``world`` such GPUs; None: this machine's
     device (its GPUs, or its CPU measured by the probe, one per machine)."""
     from acc_train.errors import UserError
-    from acc_train.outputs.mfu import device_peak_flops, model_flops_per_token
+    from acc_train.outputs.device_peaks import device_peak_flops
+    from acc_train.outputs.mfu import model_flops_per_token
 
     per_token = model_flops_per_token(shape.config, seq_len, trainable_params=shape.parameters, total_params=shape.parameters + shape.frozen)
     if device is None:
