@@ -265,7 +265,7 @@ def test_a_run_records_its_harness_scores(tiny_model_dir: Path, tiny_data: dict[
     assert re.search(r"^harness tiny_words +acc \d\.\d{4} \(step 4\); acc by evaluation: \d\.\d{4} -> \d\.\d{4}$", report, flags=re.M), report
     assert "eval loss" in report and "- (step" not in report
     card = (run / "final" / "README.md").read_text()  # the model card names them
-    assert f"| benchmarks | lm-evaluation-harness after step 4: tiny_words acc {summary['harness']['tiny_words']['acc']:.4f} |" in card
+    assert f"| evaluation harness_tasks | after step 4: harness tiny_words acc {summary['harness']['tiny_words']['acc']:.4f} |" in card
     offline = acc_train("eval", str(run), "--tasks", str(harness_task), "--limit", "12")
     assert offline.exit_code == 0, offline.output
     assert scores_of(offline.stdout)["tiny_words"]["acc"] == pytest.approx(summary["harness"]["tiny_words"]["acc"], abs=1e-4)

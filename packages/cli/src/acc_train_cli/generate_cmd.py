@@ -25,10 +25,10 @@ def generate(path: str, prompts: tuple[str, ...], chat: bool, max_new_tokens: in
     strategy and world size (LoRA adapters applied), or a save_pretrained directory."""
     import sys
 
+    from acc_train.evaluation.trained import load_trained_model
     from acc_train.generate import generate as complete
-    from acc_train.generate import load_for_generation
 
-    model, tokenizer, source = load_for_generation(path)
+    model, tokenizer, source = load_trained_model(path)
     click.echo(f"model: {source}", err=True)
 
     def emit(text: str) -> None:

@@ -7,18 +7,18 @@ targets are the registered formats that say ``convert_target``. Nothing is writt
 input has been checked against its manifest, and outputs appear atomically: written into a
 freshly made sibling directory (never a fixed name, which may be the user's), renamed into
 place, removed on failure (:func:`acc_train.output_paths.new_directory`). ``OUT`` is refused
-before any work if it exists or cannot be created.
+before any work if it exists or cannot be created. The model ``export`` writes is loaded as
+``generate`` and ``eval`` load theirs (:mod:`acc_train.evaluation.trained`).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from acc_train.checkpoint.format import CheckpointFormat, read_portable_state_or_refuse
+from acc_train.checkpoint.format import CheckpointFormat
 from acc_train.checkpoint.layout import resolve_checkpoint
 from acc_train.checkpoint.manifest import (
     MANIFEST,
@@ -31,11 +31,11 @@ from acc_train.checkpoint.portable import (
     write_portable_full,
 )
 from acc_train.errors import UserError
+from acc_train.evaluation.trained import checkpoint_model, read_full_state
 from acc_train.output_paths import check_new_directory, new_directory
 
 __all__ = [
     "resolve_checkpoint",
-    "export_model",
     "inspect_checkpoint",
     "registered_formats",
     "convert_targets",
@@ -88,16 +88,6 @@ def convert_targets() -> list[str]:
     return [name for name, fmt in registered_formats().items() if fmt.convert_target]
 
 
-def read_full_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """A verified checkpoint's whole state, keyed as the portable state is, read by the format
-    its manifest names (the portable state itself where that format is not installed)."""
-    name = manifest.get("format")
-    fmt = registered_formats().get(name) if isinstance(name, str) else None
-    if fmt is not None:
-        return fmt.read_full_state(ckpt, manifest)
-    return read_portable_state_or_refuse(ckpt, manifest)
-
-
 def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = None, warn: Warn | None = None) -> Path:
     """Write ``path`` as a checkpoint in format ``to`` at ``out``: the portable state (resharded
     by DCP when it is loaded, so valid for any world size), trainer state and RNG states."""
@@ -141,7 +131,7 @@ def export_checkpoint(path: str, to: str, out: str, warn: Warn | None = None, me
     check_new_directory(out, "OUT")
     ckpt = resolve_checkpoint(path, warn)
     manifest = verify_checkpoint(ckpt)
-    model, adapters = _checkpoint_model(ckpt, manifest, merge)
+    model, adapters = checkpoint_model(ckpt, manifest, merge)  # (on the meta device: only saved)
     with new_directory(out, "OUT") as staging:
         model.save_pretrained(staging, safe_serialization=True)
         card = _checkpoint_card(ckpt, manifest, adapter=bool(adapters) and not merge, warn=warn)
@@ -165,85 +155,3 @@ def _checkpoint_card(ckpt: Path, manifest: dict[str, Any], adapter: bool, warn: 
         if warn is not None:
             warn(f"no model card written: the run's config ({config_file}) cannot be read ({type(exc).__name__})")
         return None
-
-
-def _checkpoint_model(ckpt: Path, manifest: dict[str, Any], merge: bool, device: str = "meta") -> tuple[Any, dict[str, Any] | None]:
-    """(the checkpoint's model from its portable state, its manifest's adapters section)."""
-    adapters = manifest.get("adapters")
-    if merge and not adapters:
-        raise UserError("--merge merges LoRA adapters, and this checkpoint holds the full model", where="--merge", hint="export it without --merge")
-    if not (ckpt / "model_config.json").is_file():
-        raise UserError("the checkpoint has no model_config.json", where=str(ckpt), hint="export the run's final/ directory instead")
-    flat = read_full_state(ckpt, manifest)
-    weights = {k.removeprefix("model."): v for k, v in flat.items() if k.startswith("model.")}
-
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    if adapters:
-        return _adapter_model(ckpt, weights, adapters, merge), adapters
-    return _model_from_weights(ckpt, weights, device), None
-
-
-def export_model(ckpt: Path) -> Any:
-    """A checkpoint's model in memory, whatever strategy and world size wrote it: the full
-    model, or for a LoRA checkpoint its base (read from where the manifest says it was
-    trained) with the adapters merged into its weights."""
-    manifest = verify_checkpoint(ckpt)
-    model, _ = _checkpoint_model(ckpt, manifest, merge=bool(manifest.get("adapters")), device="cpu")
-    return model
-
-
-def _meta_model(ckpt: Path, device: str = "meta") -> Any:
-    """The checkpoint's model (``model_config.json``) on the meta device (or ``device``: built
-    there, its non-persistent buffers, such as rotary frequencies, computed as it is built)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    raw = json.loads((ckpt / "model_config.json").read_text())
-    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(config)
-
-
-def _model_from_weights(ckpt: Path, weights: dict[str, Any], device: str = "meta") -> Any:
-    """The checkpoint's model holding its full weights (built on ``device``: ``meta`` to be
-    saved, where buffers the state does not hold are not needed; ``cpu`` to be run)."""
-    model = _meta_model(ckpt, device)
-    missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
-    tied = set(getattr(model, "_tied_weights_keys", None) or [])
-    missing = [m for m in missing if m not in tied]
-    if missing or unexpected:
-        raise UserError(
-            f"the checkpoint's weights do not fit its model config (missing {missing[:3]}, unexpected {unexpected[:3]})",
-            where=str(ckpt),
-        )
-    if tied:
-        model.tie_weights()
-    return model
-
-
-def _adapter_model(ckpt: Path, weights: dict[str, Any], adapters: dict[str, Any], merge: bool) -> Any:
-    """A LoRA checkpoint's PEFT model (its base on the meta device: only the adapters are
-    written), or with ``merge`` its base model, loaded from ``adapters["base_model"]`` in the
-    dtype it is stored in, with the adapters merged into its weights."""
-    from acc_train.adapters import with_adapters
-
-    base_name = adapters.get("base_model")
-    if not merge:
-        base = _meta_model(ckpt)
-        base.config._name_or_path = base_name or ""  # adapter_config.json's base_model_name_or_path
-        return with_adapters(base, weights, adapters, str(ckpt), assign=True)
-    if not base_name:
-        raise UserError("the checkpoint does not name the base model its adapters belong to", where=str(ckpt), hint="export without --merge")
-    from transformers import AutoModelForCausalLM
-
-    try:
-        base = AutoModelForCausalLM.from_pretrained(base_name, dtype="auto")
-    except OSError as exc:
-        raise UserError(
-            f"cannot load the base model {base_name!r} the adapters were trained on: {str(exc).splitlines()[0]}",
-            where=str(ckpt / MANIFEST),
-            hint="make the base model available at that path (or hub id), or export without --merge",
-        ) from None
-    return with_adapters(base, weights, adapters, base_name).merge_and_unload()
