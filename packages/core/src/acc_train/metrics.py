@@ -21,10 +21,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from acc_train.errors import UserError
 from acc_train.user_files import read_user_text
 
-__all__ = ["METRICS_FILE", "ROW_FIELDS", "MetricsRow", "RunMetrics", "flat_numbers", "parse_line", "read_metrics", "row_problem", "shape_problem"]
+__all__ = ["METRICS_FILE", "ROW_FIELDS", "TRAINING_KEYS", "MetricsRow", "RunMetrics", "flat_numbers", "parse_line", "read_metrics", "row_problem", "shape_problem"]
 
 #: The file in a run's output directory.
 METRICS_FILE = "metrics.jsonl"
+
+#: the keys of a training row (an evaluator's metrics are a row's other keys)
+TRAINING_KEYS = frozenset({"step", "epoch", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "elapsed_s"})
 
 
 @dataclass(frozen=True)
@@ -62,13 +65,13 @@ class MetricsRow(Mapping[str, Any]):
 
     @property
     def is_eval(self) -> bool:
-        """An evaluator's row: every row that is not a training step's."""
-        return not self.is_training
+        """An evaluator's row: not a training step's, and holding a metric of its own."""
+        return not self.is_training and bool(self.evaluation)
 
     @property
     def evaluation(self) -> dict[str, Any]:
-        """An evaluation row's metrics, by name (every key but ``step``); empty on a training row."""
-        return {k: v for k, v in self.to_dict().items() if k != "step"} if self.is_eval else {}
+        """An evaluation row's metrics, by name (its keys that are not a training row's); empty on a training row."""
+        return {} if self.is_training else {k: v for k, v in self.to_dict().items() if k not in TRAINING_KEYS}
 
     def numbers(self) -> dict[str, float]:
         """The row's numbers as trackers take them: nested metrics flattened, their names joined

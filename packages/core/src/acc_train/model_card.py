@@ -112,7 +112,7 @@ def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: 
 
 
 def _number(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

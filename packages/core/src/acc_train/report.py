@@ -249,7 +249,9 @@ def _evaluations(record: RunRecord) -> list[tuple[int, dict[str, Any]]]:
 
 
 def _fmt_value(value: Any) -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
         return _fmt_loss(value)
     return short_text(value)
 
