@@ -19,16 +19,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from acc_train.errors import UserError
+from acc_train.evaluation.rows import evaluation_rows
 from acc_train.metrics import METRICS_FILE, MetricsRow, read_metrics, shape_problem
 from acc_train.output_paths import readable
-from acc_train.config.problems import short_repr as short_text
 from acc_train.prompt_text import prompt_label
 from acc_train.samples_file import SAMPLES_FILE, read_samples
 from acc_train.user_files import read_user_json, read_user_text
 
 __all__ = [
     "REPORT_PNG", "RunRecord", "read_run", "read_summary", "read_configured_strategy", "summary_rows", "format_summary", "format_samples",
-    "draw_report", "write_report", "evaluation_rows",
+    "draw_report", "write_report",
 ]  # fmt: skip
 
 REPORT_PNG = "report.png"
@@ -228,7 +228,7 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
         ("final loss", _fmt_loss(final_loss)),
         ("best loss", f"{_fmt_loss(best.loss)} (step {best.step})" if best else "-"),
     ]
-    rows += evaluation_rows(record)
+    rows += evaluation_rows(_evaluations(record))
     if s.get("elapsed_s") is not None:
         rows.append(("training time", f"{s['elapsed_s']:.1f} s"))
     if record.checkpoints:
@@ -246,55 +246,6 @@ def _evaluations(record: RunRecord) -> list[tuple[int, dict[str, Any]]]:
         return [(row.step, row.evaluation) for row in record.evals]
     kept = (record.summary or {}).get("evaluations") or {}
     return [(entry.get("step"), entry.get("metrics") or {}) for entry in kept.values() if isinstance(entry, dict)]
-
-
-def _fmt_value(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float):
-        return _fmt_loss(value)
-    return short_text(value)
-
-
-def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def evaluation_rows(record: RunRecord) -> list[tuple[str, str]]:
-    """The evaluators' last metrics, one path for every evaluator: each metric by its name
-    (``_`` read as a space: ``eval loss``) with the step it was taken after; a metric that is a
-    mapping of metrics is one row (``NAME  m v, m v (step N)``), one of mappings one row per
-    entry (``harness TASK  acc 0.2500, ... (step N)``), with how its first metric moved over the
-    run when it was taken more than once (standard errors, ``*_stderr``, are not shown)."""
-    last: dict[str, tuple[Any, Any]] = {}
-    history: dict[str, list[Any]] = {}
-    for step, metrics in _evaluations(record):
-        for name, value in metrics.items():
-            last[name] = (step, value)
-            history.setdefault(name, []).append(value)
-    out: list[tuple[str, str]] = []
-    for name, (step, value) in last.items():
-        label = name.replace("_", " ")
-        if not isinstance(value, dict):
-            out.append((label, f"{_fmt_value(value)} (step {step})"))
-            continue
-        nested = bool(value) and all(isinstance(v, dict) for v in value.values())
-        parts = [(f"{label} {key}", value[key], [h.get(key) for h in history[name] if isinstance(h, dict)]) for key in value] if nested else [(label, value, history[name])]
-        for row_label, metrics, earlier in parts:
-            shown_metrics = {m: v for m, v in _flat(metrics).items() if not m.endswith("_stderr")}
-            shown = ", ".join(f"{m} {_fmt_value(v)}" for m, v in shown_metrics.items()) + f" (step {step})"
-            first = next(iter(shown_metrics), None)
-            moves = [_flat(h)[first] for h in earlier if isinstance(h, dict) and first in _flat(h)]
-            if len(moves) > 1:
-                shown += f"; {first} by evaluation: " + " -> ".join(_fmt_value(v) for v in moves)
-            out.append((row_label, shown))
-    return out
 
 
 def format_summary(record: RunRecord) -> str:

@@ -99,7 +99,6 @@ def evaluator_options(config_eval: Any) -> None:
     registered evaluator and is validated by its options schema (stored back, resolved, so
     ``config.yaml`` shows every option). Raises pydantic's ValidationError naming the key."""
     from pydantic import ValidationError
-    from pydantic_core import InitErrorDetails, PydanticCustomError
 
     from acc_train.errors import UserError, closest
     from acc_train.plugins import NameConflictError, evaluators
@@ -109,19 +108,21 @@ def evaluator_options(config_eval: Any) -> None:
         return
     registry = evaluators()
     own = [name for name in type(config_eval).model_fields]
-    errors: list[InitErrorDetails] = []
+    errors: list[Any] = []
+
+    def refuse(loc: tuple[Any, ...], value: Any, message: str) -> None:
+        errors.append({"type": "value_error", "loc": loc, "input": value, "ctx": {"error": ValueError(message)}})
+
     for key, value in list(extras.items()):
         try:
             kind = registry.get(key)
         except NameConflictError as exc:
-            message = f"{exc.message}; {exc.hint}".replace("{", "{{").replace("}", "}}")
-            errors.append(InitErrorDetails(type=PydanticCustomError("evaluator_conflict", message), loc=(key,), input=value))
+            refuse((key,), value, f"{exc.message}; {exc.hint}")
             continue
         except UserError:
             kind = None
         if kind is not None and kind.where != f"eval.{key}":
-            message = f"evaluator {key!r} is not asked for under eval: {kind.where} asks for it"
-            errors.append(InitErrorDetails(type=PydanticCustomError("evaluator_elsewhere", message), loc=(key,), input=value))
+            refuse((key,), value, f"evaluator {key!r} is not asked for under eval: {kind.where} asks for it")
             continue
         if kind is None:
             sections = sorted(k.name for k, _ in registry.registered() if k.where == f"eval.{k.name}" and k.name not in own)
@@ -132,18 +133,16 @@ def evaluator_options(config_eval: Any) -> None:
                 + f" (eval settings: {', '.join(own)}; evaluators installed: {', '.join(sections) or 'none'};"
                 " a plugin adds evaluators through the acc_train_register_evaluators hook)"
             )
-            errors.append(InitErrorDetails(type=PydanticCustomError("unknown_evaluator", message), loc=(key,), input=value))
+            refuse((key,), value, message)
             continue
         if value is True or value is None:
             value = {}
         if not isinstance(value, dict):
-            message = f"evaluator {key!r} takes a mapping of its options, or true for its defaults"
-            errors.append(InitErrorDetails(type=PydanticCustomError("evaluator_options", message), loc=(key,), input=value))
+            refuse((key,), value, f"evaluator {key!r} takes a mapping of its options, or true for its defaults")
             continue
         if kind.options_schema is None:
             if value:
-                message = f"evaluator {key!r} takes no options (got {', '.join(map(str, value))}); give `{key}: true`"
-                errors.append(InitErrorDetails(type=PydanticCustomError("evaluator_options", message), loc=(key,), input=value))
+                refuse((key,), value, f"evaluator {key!r} takes no options (got {', '.join(map(str, value))}); give `{key}: true`")
             else:
                 extras[key] = {}
             continue
@@ -155,12 +154,6 @@ def evaluator_options(config_eval: Any) -> None:
                 if err["type"] == "extra_forbidden":
                     near = closest(str(err["loc"][-1]), fields)
                     err["msg"] = "unknown key" + (f'; did you mean "{near}"?' if near else "") + f" (valid keys here: {', '.join(fields)})"
-                errors.append(
-                    InitErrorDetails(
-                        type=PydanticCustomError("evaluator_options", err["msg"].replace("{", "{{").replace("}", "}}")),
-                        loc=(key, *err["loc"]),
-                        input=err.get("input"),
-                    )
-                )
+                refuse((key, *err["loc"]), err.get("input"), err["msg"].removeprefix("Value error, "))
     if errors:
         raise ValidationError.from_exception_data(type(config_eval).__name__, errors)
