@@ -216,6 +216,11 @@ def test_a_plugins_evaluator_is_checked_with_the_config_and_at_run_time(dash_ins
         load_job(sets=["eval.eval_loss=true"])
     assert "data.eval_files / data.eval_fraction asks for it" in str(err.value)
 
+    from acc_train.config.json_schema import job_json_schema
+
+    section = job_json_schema()["$defs"]["EvalConfig"]
+    assert "scale" in section["properties"]["probe"]["anyOf"][0]["properties"] and section["additionalProperties"] is False  # editors complete it
+
     from acc_train.evaluation.kinds import metrics_problem
 
     assert metrics_problem({"loss": 1.0}) is not None and metrics_problem({"probe": "high"}) is not None
