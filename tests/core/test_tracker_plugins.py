@@ -21,7 +21,7 @@ import pytest
 from acc_train import plugins
 from acc_train.config import load_job
 from acc_train.errors import UserError
-from acc_train.metrics import MetricsRow
+from acc_train.outputs.metrics import MetricsRow
 from acc_train.trainer import check_output_dir, train
 from tests.core.test_train_in_process import TINY_DEMO
 
@@ -174,8 +174,8 @@ def test_a_plugins_tracker_gets_every_row_the_config_and_the_summary_and_continu
     assert run_json["trackers"]["runs"] == {"dash": {"file": "logs/dash.jsonl"}} and run_json["trackers"]["continued"] == ["dash"]
 
     # the plugin's evaluator, by the one path every evaluator's metrics take
-    from acc_train.metrics import read_metrics
-    from acc_train.report import format_summary, read_run
+    from acc_train.outputs.metrics import read_metrics
+    from acc_train.outputs.report import format_summary, read_run
 
     probes = [r for r in read_metrics(out).evals if "probe_weight" in r.evaluation]
     assert [r.step for r in probes] == [2, 4], "a row at each evaluation (the resumed launch redid none)"

@@ -1,4 +1,4 @@
-"""``acc-train checkpoint inspect | convert | export``: checkpoints as things of their own.
+"""``acc-train checkpoint inspect | convert``: checkpoints as things of their own.
 
 Everything here runs in one process, without a process group: a checkpoint's state is read
 whole through its format's :meth:`~acc_train.checkpoint.CheckpointFormat.read_full_state`
@@ -6,9 +6,9 @@ whole through its format's :meth:`~acc_train.checkpoint.CheckpointFormat.read_fu
 targets are the registered formats that say ``convert_target``. Nothing is written until the
 input has been checked against its manifest, and outputs appear atomically: written into a
 freshly made sibling directory (never a fixed name, which may be the user's), renamed into
-place, removed on failure (:func:`acc_train.output_paths.new_directory`). ``OUT`` is refused
-before any work if it exists or cannot be created. The model ``export`` writes is loaded as
-``generate`` and ``eval`` load theirs (:mod:`acc_train.evaluation.trained`).
+place, removed on failure (:func:`acc_train.files.output_paths.new_directory`). ``OUT`` is refused
+before any work if it exists or cannot be created. ``export`` lives with the loading of trained
+models it shares with ``generate`` and ``eval`` (:mod:`acc_train.evaluation.export`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from acc_train.checkpoint.format import CheckpointFormat
+from acc_train.checkpoint.format import CheckpointFormat, read_portable_state_or_refuse
 from acc_train.checkpoint.layout import resolve_checkpoint
 from acc_train.checkpoint.manifest import (
     MANIFEST,
@@ -31,8 +31,7 @@ from acc_train.checkpoint.portable import (
     write_portable_full,
 )
 from acc_train.errors import UserError
-from acc_train.evaluation.trained import checkpoint_model, read_full_state
-from acc_train.output_paths import check_new_directory, new_directory
+from acc_train.files.output_paths import check_new_directory, new_directory
 
 __all__ = [
     "resolve_checkpoint",
@@ -41,7 +40,7 @@ __all__ = [
     "convert_targets",
     "read_full_state",
     "convert_checkpoint",
-    "export_checkpoint",
+    "Warn",
 ]
 
 
@@ -88,6 +87,16 @@ def convert_targets() -> list[str]:
     return [name for name, fmt in registered_formats().items() if fmt.convert_target]
 
 
+def read_full_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """A verified checkpoint's whole state, keyed as the portable state is, read by the format
+    its manifest names (the portable state itself where that format is not installed)."""
+    name = manifest.get("format")
+    fmt = registered_formats().get(name) if isinstance(name, str) else None
+    if fmt is not None:
+        return fmt.read_full_state(ckpt, manifest)
+    return read_portable_state_or_refuse(ckpt, manifest)
+
+
 def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = None, warn: Warn | None = None) -> Path:
     """Write ``path`` as a checkpoint in format ``to`` at ``out``: the portable state (resharded
     by DCP when it is loaded, so valid for any world size), trainer state and RNG states."""
@@ -119,39 +128,3 @@ def convert_checkpoint(path: str, to: str, out: str, world_size: int | None = No
         }
         write_json(staging / MANIFEST, converted)
     return Path(out)
-
-
-def export_checkpoint(path: str, to: str, out: str, warn: Warn | None = None, merge: bool = False) -> tuple[Path, bool]:
-    """Write the checkpoint's model as a ``save_pretrained`` directory (safetensors) that
-    ``transformers`` loads: (where, whether it is an adapter directory). A LoRA checkpoint is
-    exported as its adapter directory, or with ``merge`` as its base model with the adapters
-    merged in (the base read from where the manifest says it was trained)."""
-    if to != "hf":
-        raise UserError(f"cannot export to {to!r}", where="--to", hint="choose: hf")
-    check_new_directory(out, "OUT")
-    ckpt = resolve_checkpoint(path, warn)
-    manifest = verify_checkpoint(ckpt)
-    model, adapters = checkpoint_model(ckpt, manifest, merge)  # (on the meta device: only saved)
-    with new_directory(out, "OUT") as staging:
-        model.save_pretrained(staging, safe_serialization=True)
-        card = _checkpoint_card(ckpt, manifest, adapter=bool(adapters) and not merge, warn=warn)
-        if card is not None:
-            (Path(staging) / "README.md").write_text(card)
-    return Path(out), bool(adapters) and not merge
-
-
-def _checkpoint_card(ckpt: Path, manifest: dict[str, Any], adapter: bool, warn: Warn | None) -> str | None:
-    """The model card of an exported checkpoint, from its run's ``config.yaml`` (beside its
-    ``checkpoints/``) and its manifest; None (said through ``warn``) when that config is not
-    there or cannot be read: the export goes on without a card."""
-    from acc_train.config import load_resolved
-    from acc_train.model_card import checkpoint_summary, model_card
-
-    config_file = ckpt.parent.parent / "config.yaml"
-    try:
-        job = load_resolved(config_file)
-        return model_card(job.to_yaml(), job.config, checkpoint_summary(manifest), adapter)
-    except Exception as exc:  # noqa: BLE001 - a copied checkpoint without its run, an old config: no card, said
-        if warn is not None:
-            warn(f"no model card written: the run's config ({config_file}) cannot be read ({type(exc).__name__})")
-        return None

@@ -12,12 +12,12 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from acc_train.checkpoint.format import read_portable_state_or_refuse
 from acc_train.checkpoint.layout import resolve_checkpoint
 from acc_train.checkpoint.manifest import MANIFEST, verify_checkpoint
+from acc_train.checkpoint_tools import read_full_state
 from acc_train.errors import UserError
 
-__all__ = ["TrainedModel", "load_trained_model", "checkpoint_model", "read_full_state"]
+__all__ = ["TrainedModel", "load_trained_model", "checkpoint_model"]
 
 
 class TrainedModel(NamedTuple):
@@ -58,18 +58,6 @@ def load_trained_model(path: str, where: str = "RUN_OR_CHECKPOINT") -> TrainedMo
     return TrainedModel(model, tokenizer, source)
 
 
-def read_full_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """A verified checkpoint's whole state, keyed as the portable state is, read by the format
-    its manifest names (the portable state itself where that format is not installed)."""
-    from acc_train.plugins import checkpoint_formats
-
-    name = manifest.get("format")
-    fmt = {f.name: f for f, _ in checkpoint_formats().primary()}.get(name) if isinstance(name, str) else None
-    if fmt is not None:
-        return fmt.read_full_state(ckpt, manifest)  # type: ignore[no-any-return]
-    return read_portable_state_or_refuse(ckpt, manifest)
-
-
 def checkpoint_model(ckpt: Path, manifest: dict[str, Any], merge: bool, device: str = "meta") -> tuple[Any, dict[str, Any] | None]:
     """(the checkpoint's model from its portable state, its manifest's adapters section). Built
     on ``device``: ``meta`` to be saved (buffers the state does not hold are not needed), ``cpu``
@@ -98,7 +86,7 @@ def _is_model_dir(p: Path) -> bool:
 def _run_tokenizer(run_dir: Path) -> Any | None:
     """The tokenizer of the run whose ``config.yaml`` is in ``run_dir`` (None: byte level)."""
     from acc_train.config import load_resolved
-    from acc_train.model import load_tokenizer
+    from acc_train.model.build import load_tokenizer
 
     config = run_dir / "config.yaml"
     if not config.is_file():
@@ -157,7 +145,7 @@ def _adapter_model(ckpt: Path, weights: dict[str, Any], adapters: dict[str, Any]
     """A LoRA checkpoint's PEFT model (its base on the meta device: only the adapters are
     written), or with ``merge`` its base model, loaded from ``adapters["base_model"]`` in the
     dtype it is stored in, with the adapters merged into its weights."""
-    from acc_train.adapters import with_adapters
+    from acc_train.model.adapters import with_adapters
 
     base_name = adapters.get("base_model")
     if not merge:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from acc_train.evaluation.kinds import EvaluatorKind
+from acc_train.contracts.evaluator import EvaluatorKind
 
 if TYPE_CHECKING:
     from acc_train.run import RunContext
@@ -76,7 +76,7 @@ class GenerationSamples(EvaluatorKind):
 
 
 class HarnessScores(EvaluatorKind):
-    """``eval.harness_tasks``: ``harness``, ``{task: {metric: value}}`` (:func:`acc_train.harness.run_harness`)."""
+    """``eval.harness_tasks``: ``harness``, ``{task: {metric: value}}`` (:func:`acc_train.evaluation.harness.run_harness`)."""
 
     @property
     def where(self) -> str:
@@ -86,12 +86,12 @@ class HarnessScores(EvaluatorKind):
         return bool(config.eval.harness_tasks)
 
     def check(self, config: Any) -> None:
-        from acc_train.harness import check_job_harness
+        from acc_train.evaluation.harness import check_job_harness
 
         check_job_harness(config)  # lm-eval installed, every task known and loadable
 
     def start(self, run: RunContext, eval_dataloader: Any = None) -> Step | None:
-        from acc_train.harness import run_harness
+        from acc_train.evaluation.harness import run_harness
 
         return lambda step: {"harness": run_harness(run, step)}
 

@@ -222,33 +222,25 @@ def _checkpoint_format_base() -> type:
 
 
 def _data_kind_base() -> type:
-    from acc_train.data_kind import DataKind
+    from acc_train.contracts.data_kind import DataKind
 
     return DataKind
 
 
 def _tracker_base() -> type:
-    from acc_train.tracker_kinds import TrackerKind
+    from acc_train.outputs.tracker_kinds import TrackerKind
 
     return TrackerKind
 
 
 def _evaluator_base() -> type:
-    """``acc_train.evaluation.kinds.EvaluatorKind``, found where it is already loaded, not
-    imported: the evaluation package sits above the plugins (it loads trained models through
-    them), and an instance of the class means its module is loaded."""
-    module = sys.modules.get("acc_train.evaluation.kinds")
-    return getattr(module, "EvaluatorKind", _NotLoaded)
+    from acc_train.contracts.evaluator import EvaluatorKind
 
-
-class _NotLoaded:
-    """Stands for EvaluatorKind while its module is not loaded: nothing is an instance of it."""
-
-    __module__, __qualname__ = "acc_train.evaluation.kinds", "EvaluatorKind"  # (as a rejection names it)
+    return EvaluatorKind
 
 
 def _optimizer_base() -> type:
-    from acc_train.optimizer import OptimizerKind
+    from acc_train.model.optimizer import OptimizerKind
 
     return OptimizerKind
 

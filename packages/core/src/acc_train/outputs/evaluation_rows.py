@@ -4,11 +4,14 @@ names and shapes of its metrics (:func:`evaluation_rows`), never by which evalua
 from __future__ import annotations
 
 import math
+import reprlib
 from typing import Any
 
-from acc_train.config.problems import short_repr
-
 __all__ = ["evaluation_rows"]
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother = 40, 40
 
 
 def _fmt_number(value: float) -> str:
@@ -22,7 +25,7 @@ def _fmt_value(value: Any) -> str:
         return str(value)
     if isinstance(value, float):
         return _fmt_number(value)
-    return short_repr(value)
+    return _REPR.repr(value)
 
 
 def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from acc_train.byte_tokenizer import byte_tokenizer
-from acc_train.prompt_text import decode_tokens, encode_prompt
+from acc_train.model.byte_tokenizer import byte_tokenizer
+from acc_train.model.prompt_text import decode_tokens, encode_prompt
 
 __all__ = ["generate", "text_stream"]
 
