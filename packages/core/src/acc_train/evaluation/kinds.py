@@ -15,6 +15,7 @@ contract plugins implement, in :mod:`acc_train.contracts.evaluator` (re-exported
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "EvalContext", "EvaluatorKind", "job_evaluators", "evaluation_summary", "metrics_problem",
 ]  # fmt: skip
 
+
 def job_evaluators(config: Any) -> list[EvaluatorKind]:
     """The registered evaluators the job asks for, in the order they registered (core's first)."""
     from acc_train.plugins import evaluators
@@ -39,8 +41,6 @@ def evaluation_summary(run: RunContext, evaluations: dict[str, dict[str, Any]], 
     """``run.json``'s ``evaluations`` (each evaluator's last metrics and their step, by name) and
     the keys each evaluator the job asks for keeps of its own (:meth:`EvaluatorKind.summary`);
     one that ``taken`` (core's keys) or another evaluator holds is left out, with a warning."""
-    import sys
-
     out: dict[str, Any] = {}
     for kind in job_evaluators(run.config):
         last = evaluations.get(kind.name)
