@@ -11,6 +11,7 @@ from acc_train.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from acc_train.contracts.data_kind import DataKind
+    from acc_train.contracts.evaluator import EvaluatorKind
     from acc_train.model.optimizer import OptimizerKind
     from acc_train.run import RunContext
     from acc_train.outputs.tracker_kinds import TrackerKind
@@ -42,6 +43,14 @@ def acc_train_register_trackers(register: Callable[[TrackerKind], None]) -> None
     from acc_train.outputs.tracker_kinds import builtin_tracker_kinds
 
     for kind in builtin_tracker_kinds():  # Accelerate's own trackers
+        register(kind)
+
+
+@hookimpl
+def acc_train_register_evaluators(register: Callable[[EvaluatorKind], None]) -> None:
+    from acc_train.loop.evaluators import builtin_evaluator_kinds
+
+    for kind in builtin_evaluator_kinds():  # the eval loss, eval.samples, eval.harness_tasks
         register(kind)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from acc_train.errors import UserError
+from acc_train.outputs.evaluation_rows import evaluation_rows
 from acc_train.outputs.metrics import METRICS_FILE, MetricsRow, read_metrics, shape_problem
 from acc_train.files.output_paths import readable
 from acc_train.model.prompt_text import prompt_label
@@ -40,18 +41,14 @@ class RunRecord:
     output_dir: Path
     #: logged training steps (``loss``, ``lr``, ``tokens_per_s``...), in step order
     steps: list[MetricsRow] = field(default_factory=list)
-    #: evaluations (``step`` and ``eval_loss``, or ``harness``: the scores of ``eval.harness_tasks``)
+    #: evaluators' rows (``step`` and an evaluator's metrics: ``eval_loss``, ``harness``, a plugin's own)
     evals: list[MetricsRow] = field(default_factory=list)
 
     @property
     def loss_evals(self) -> list[MetricsRow]:
-        """The evaluations of the loss."""
+        """The evaluations of the loss (drawn beside the training loss)."""
         return [r for r in self.evals if r.eval_loss is not None]
 
-    @property
-    def harness_evals(self) -> list[MetricsRow]:
-        """The evaluations of ``eval.harness_tasks``."""
-        return [r for r in self.evals if r.harness is not None]
     #: ``run.json``, or None for a run that did not finish
     summary: dict[str, Any] | None = None
     #: the strategy name from ``config.yaml`` (for a run without run.json)
@@ -94,6 +91,15 @@ class _MfuBasis(BaseModel):
     precision: str | None = None
 
 
+class _Evaluation(BaseModel):
+    """An entry of ``run.json``'s ``evaluations``: an evaluator's last metrics and their step."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    step: int | None = None
+    metrics: dict[str, Any] = {}
+
+
 class _Summary(BaseModel):
     """The keys of ``run.json`` the report reads, by type at every depth (a harness score
     too); the run's other keys are kept unchecked. None is allowed: an unfinished figure."""
@@ -113,6 +119,8 @@ class _Summary(BaseModel):
     #: eval.harness_tasks' last scores, ``{task: {metric: value}}``, and the step they were taken after
     harness: dict[str, dict[str, float]] | None = None
     harness_step: int | None = None
+    #: each evaluator's last metrics and their step, by evaluator
+    evaluations: dict[str, _Evaluation] | None = None
 
 
 def read_summary(path: Path) -> dict[str, Any]:
@@ -210,7 +218,6 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     tokens_per_s = s.get("tokens_per_s", last.tokens_per_s if last else None)
     mfu = s.get("mfu", last.mfu if last else None)
     final_loss = s.get("final_loss", last.loss if last else None)
-    eval_row = record.loss_evals[-1] if record.loss_evals else None
     rows = [
         ("run", str(record.output_dir) + ("" if record.summary else "  (no run.json: unfinished; figures from metrics.jsonl)")),
         ("strategy", strategy),
@@ -220,9 +227,8 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
         ("MFU", _fmt_mfu(mfu, s.get("mfu_basis"))),
         ("final loss", _fmt_loss(final_loss)),
         ("best loss", f"{_fmt_loss(best.loss)} (step {best.step})" if best else "-"),
-        ("eval loss", f"{_fmt_loss(eval_row.eval_loss)} (step {eval_row.step})" if eval_row else "-"),
     ]
-    rows += _harness_rows(record)
+    rows += evaluation_rows(_evaluations(record))
     if s.get("elapsed_s") is not None:
         rows.append(("training time", f"{s['elapsed_s']:.1f} s"))
     if record.checkpoints:
@@ -233,25 +239,13 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     return rows
 
 
-def _harness_rows(record: RunRecord) -> list[tuple[str, str]]:
-    """One row per task of the last ``eval.harness_tasks`` scores (``metrics.jsonl``'s last
-    harness row, else ``run.json``'s): ``harness TASK  METRIC VALUE, ... (step N)``; how the
-    first metric moved over the run, when it ran more than once."""
-    rows = record.harness_evals
-    last = rows[-1].harness if rows else (record.summary or {}).get("harness")
-    step = rows[-1].step if rows else (record.summary or {}).get("harness_step")
-    if not last:
-        return []
-    out = []
-    for task, metrics in last.items():  # read_metrics and read_summary checked every score's type
-        shown = ", ".join(f"{m} {v:.4f}" for m, v in metrics.items() if not m.endswith("_stderr"))
-        first = next((m for m in metrics if not m.endswith("_stderr")), None)
-        history = [r.harness[task][first] for r in rows if first is not None and first in (r.harness or {}).get(task, {})]
-        shown += f" (step {step})"
-        if len(history) > 1:
-            shown += f"; {first} by evaluation: " + " -> ".join(f"{v:.4f}" for v in history)
-        out.append((f"harness {task}", shown))
-    return out
+def _evaluations(record: RunRecord) -> list[tuple[int, dict[str, Any]]]:
+    """(step, metrics) of every evaluator's row, in the order written: ``metrics.jsonl``'s, else
+    the last ones ``run.json`` kept (``evaluations``)."""
+    if record.evals:
+        return [(row.step, row.evaluation) for row in record.evals]
+    kept = (record.summary or {}).get("evaluations") or {}
+    return [(entry.get("step"), entry.get("metrics") or {}) for entry in kept.values() if isinstance(entry, dict)]
 
 
 def format_summary(record: RunRecord) -> str:
@@ -305,7 +299,7 @@ def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
     rows = dict(summary_rows(record))
     fig.suptitle(
         f"{record.output_dir.name}: {rows['strategy']}, world size {rows['world size']}, {rows['steps']} steps\n"
-        f"final loss {rows['final loss']}, eval loss {rows['eval loss']}, {rows['tokens/s']} tokens/s, MFU {rows['MFU'].split(' ')[0]}",
+        f"final loss {rows['final loss']}, eval loss {rows.get('eval loss', '-')}, {rows['tokens/s']} tokens/s, MFU {rows['MFU'].split(' ')[0]}",
         fontsize=13,
     )
 
