@@ -77,7 +77,7 @@ def acc_train_train_end(run: RunContext, summary: dict[str, Any]) -> None:
     is a warning: the run itself has succeeded."""
     if not run.is_main_process:
         return
-    from acc_train.outputs.report import write_report
+    from acc_train.outputs.plot import write_report
 
     try:
         write_report(run.output_dir)
