@@ -1,4 +1,4 @@
-"""A strategy plugin states its own memory plan through ``Strategy.plan_memory``; one that does
+"""A strategy plugin states its own memory plan through ``StrategyPlanner.plan_memory``; one that does
 not gets a full replica per rank. Runs `acc-train plan`'s planner in-process."""
 
 from __future__ import annotations

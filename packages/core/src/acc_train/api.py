@@ -36,6 +36,8 @@ from acc_train.plugins import checkpoint_formats, optimizers, strategies, wrap_p
 from acc_train.questions import Question
 from acc_train.run import RunContext
 from acc_train.strategy import DEFAULT_STRATEGY, Machine, Strategy, StrategyOptions, WrapPolicy
+from acc_train.strategy_launch import LaunchProtocol
+from acc_train.strategy_planner import StrategyPlanner
 from acc_train.tracker_kinds import TrackerKind
 from acc_train.user_files import read_user_json
 
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 __all__ = [
     # the strategy contract
     "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
+    # what a strategy hands out: its planner (plan, simulation, the kit) and its launch protocol (acc-train launch)
+    "StrategyPlanner", "LaunchProtocol",
     # hooks (the run they are handed), questions for the wizard, errors
     "RunContext", "DataKind", "Tokenized", "packs_rows", "packs_continuous_text", "OptimizerKind", "OptimizerOptions", "TrackerKind", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
     # registries
