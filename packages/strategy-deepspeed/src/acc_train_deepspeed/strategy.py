@@ -79,9 +79,9 @@ class DeepSpeedStrategy(Strategy[DeepSpeedOptions]):
 
             precision = resolve_mixed_precision(training.mixed_precision if training else "auto", self.machine)
             mbs = training.micro_batch_size if training else "auto"
-            ds_config = load_ds_config(options.config_file, mbs, gas, clip, precision)
-            stage = ds_zero_stage(ds_config, options.config_file)
-            return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds_config, zero3_init_flag=stage == 3)}
+            from_file = load_ds_config(options.config_file, mbs, gas, clip, precision)
+            stage = ds_zero_stage(from_file, options.config_file)
+            return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=from_file, zero3_init_flag=stage == 3)}
         config = ds_config(options, gas, clip)
         plugin = DeepSpeedPlugin(
             hf_ds_config=config,
