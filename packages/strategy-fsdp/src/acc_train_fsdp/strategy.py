@@ -245,7 +245,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             return
         if self._pure_tp:
             # stays MULTI_CPU, with the mesh Accelerate builds on GPUs (its validation names GPU types
-            # only; mesh_sizes checked the sizes): Accelerate wraps no DDP around a tensor-parallel model
+            # only; the mesh checked its sizes): Accelerate wraps no DDP around a tensor-parallel model
             mesh = self._parallelism_config()
             accelerator.state.parallelism_config = mesh
             accelerator.state.device_mesh = mesh.get_device_mesh("cpu")
