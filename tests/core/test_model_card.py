@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from acc_train.model_card import base_model_id
+from acc_train.outputs.model_card import base_model_id
 
 
 def test_the_base_model_is_a_hub_id_or_none(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_harness_scores_are_the_cards_model_index(tmp_path: Path) -> None:
     from huggingface_hub import ModelCard
 
     from acc_train.config import JobConfig
-    from acc_train.model_card import model_card
+    from acc_train.outputs.model_card import model_card
 
     config = JobConfig.model_validate({"model": {"name_or_path": "gpt2"}, "output_dir": str(tmp_path / "my-run")})
     harness = {"hellaswag": {"acc": 0.25, "acc_stderr": 0.01}, "gsm8k": {"exact_match/strict-match": 0.5}}

@@ -16,7 +16,7 @@ import pytest
 from acc_train import plugins
 from acc_train.config import load_job
 from acc_train.errors import UserError
-from acc_train.metrics import MetricsRow
+from acc_train.outputs.metrics import MetricsRow
 from acc_train.trainer import check_output_dir, train
 from tests.core.test_train_in_process import TINY_DEMO
 

@@ -11,7 +11,7 @@ import pytest
 
 from acc_train import hookimpl, plugins
 from acc_train.config import load_job
-from acc_train.metrics import read_metrics
+from acc_train.outputs.metrics import read_metrics
 from acc_train.trainer import check_output_dir, train
 from tests.conftest import assert_model_card
 
@@ -104,7 +104,7 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
     assert model.config.vocab_size == 256 and model.config.hidden_size == 32
     assert assert_model_card(out, "ddp").get("base_model") is None  # the demo model: no base
     # acc-train generate's path: the demo model reads and writes bytes; greedy is deterministic
-    from acc_train.generate import generate, load_for_generation
+    from acc_train.evaluation.generate import generate, load_for_generation
 
     loaded, tokenizer, source = load_for_generation(str(out))
     assert tokenizer is None and source == str(out / "final")
@@ -124,7 +124,7 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
 
     report = CliRunner().invoke(cli, ["report", str(out), "--no-png"])
     assert report.exit_code == 0 and "samples at step 6 (samples.jsonl):" in report.stdout, report.output[-2000:]
-    from acc_train.report import format_samples, read_run
+    from acc_train.outputs.report import format_samples, read_run
 
     assert format_samples(read_run(out)) in report.stdout
     assert "      -> " + rows[-1]["completion"].replace("\n", "\n" + " " * 9) in report.stdout

@@ -115,9 +115,9 @@ def env() -> None:
 
 
 def _cluster_lines() -> dict[str, str]:
-    """What ``acc_train.cluster`` detects here: the launch keys the environment would fill
+    """What ``acc_train.launch.cluster`` detects here: the launch keys the environment would fill
     (a job's config and flags still win over it)."""
-    from acc_train.cluster import detect_cluster
+    from acc_train.launch.cluster import detect_cluster
     from acc_train.errors import UserError
 
     try:

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from acc_train.errors import PluginError, UserError
 from acc_train.hookspecs import hookimpl
-from acc_train.questions import Question
+from acc_train.contracts.questions import Question
 from acc_train.strategy import Machine, Strategy, StrategyOptions, WrapPolicy
-from acc_train.strategy_launch import LaunchProtocol
-from acc_train.strategy_planner import StrategyPlanner
+from acc_train.contracts.launch import LaunchProtocol
+from acc_train.memory.planner import StrategyPlanner
 
 if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator

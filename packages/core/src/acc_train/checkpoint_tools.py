@@ -6,7 +6,7 @@ whole through its format's :meth:`~acc_train.checkpoint.CheckpointFormat.read_fu
 targets are the registered formats that say ``convert_target``. Nothing is written until the
 input has been checked against its manifest, and outputs appear atomically: written into a
 freshly made sibling directory (never a fixed name, which may be the user's), renamed into
-place, removed on failure (:func:`acc_train.output_paths.new_directory`). ``OUT`` is refused
+place, removed on failure (:func:`acc_train.files.output_paths.new_directory`). ``OUT`` is refused
 before any work if it exists or cannot be created.
 """
 
@@ -31,7 +31,7 @@ from acc_train.checkpoint.portable import (
     write_portable_full,
 )
 from acc_train.errors import UserError
-from acc_train.output_paths import check_new_directory, new_directory
+from acc_train.files.output_paths import check_new_directory, new_directory
 
 __all__ = [
     "resolve_checkpoint",
@@ -155,7 +155,7 @@ def _checkpoint_card(ckpt: Path, manifest: dict[str, Any], adapter: bool, warn: 
     ``checkpoints/``) and its manifest; None (said through ``warn``) when that config is not
     there or cannot be read: the export goes on without a card."""
     from acc_train.config import load_resolved
-    from acc_train.model_card import checkpoint_summary, model_card
+    from acc_train.outputs.model_card import checkpoint_summary, model_card
 
     config_file = ckpt.parent.parent / "config.yaml"
     try:
@@ -227,7 +227,7 @@ def _adapter_model(ckpt: Path, weights: dict[str, Any], adapters: dict[str, Any]
     """A LoRA checkpoint's PEFT model (its base on the meta device: only the adapters are
     written), or with ``merge`` its base model, loaded from ``adapters["base_model"]`` in the
     dtype it is stored in, with the adapters merged into its weights."""
-    from acc_train.adapters import with_adapters
+    from acc_train.model.adapters import with_adapters
 
     base_name = adapters.get("base_model")
     if not merge:

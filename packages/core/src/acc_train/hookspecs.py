@@ -15,12 +15,13 @@ import pluggy
 
 if TYPE_CHECKING:
     from acc_train.checkpoint import CheckpointFormat
-    from acc_train.data_kind import DataKind
-    from acc_train.optimizer import OptimizerKind
-    from acc_train.questions import Question
-    from acc_train.run import RunContext
+    from acc_train.contracts.data_kind import DataKind
+    from acc_train.model.optimizer import OptimizerKind
+    from acc_train.contracts.questions import Question
+    # hooks are handed an acc_train.run.RunContext; typed by its protocol, as run.py sits above this module
+    from acc_train.contracts.protocols import RunView as RunContext
     from acc_train.strategy import Strategy, WrapPolicy
-    from acc_train.tracker_kinds import TrackerKind
+    from acc_train.outputs.tracker_kinds import TrackerKind
 
 __all__ = ["hookspec", "hookimpl", "PROJECT_NAME"]
 

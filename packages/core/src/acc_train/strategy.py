@@ -46,11 +46,10 @@ from acc_train.errors import PluginError
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from acc_train.config import ResolvedJob
-    from acc_train.model_state import ModelStateMeter
-    from acc_train.run import RunContext
-    from acc_train.strategy_launch import LaunchProtocol
-    from acc_train.strategy_planner import StrategyPlanner
+    from acc_train.contracts.launch import LaunchProtocol
+    from acc_train.contracts.protocols import JobView, RunView
+    from acc_train.memory.planner import StrategyPlanner
+    from acc_train.memory.state import ModelStateMeter
 
 __all__ = ["DEFAULT_STRATEGY", "Strategy", "StrategyOptions", "WrapPolicy", "Machine", "legacy_contract_problem"]
 
@@ -151,7 +150,7 @@ class Strategy(ABC, Generic[OptionsT]):
 
     def bind(self, machine: Machine) -> Strategy[OptionsT]:
         """A copy of this strategy bound to ``machine``, the one the run is on (built once from the
-        launch section before launch, :func:`acc_train.launcher.launch_machine`; the worker's own in
+        launch section before launch, :func:`acc_train.launch.launcher.launch_machine`; the worker's own in
         a worker), read as ``self.machine``."""
         bound = self._fresh_copy()
         bound._machine = machine
@@ -180,7 +179,7 @@ class Strategy(ABC, Generic[OptionsT]):
         ``model`` (built on the meta device before launch, e.g. heads a tensor-parallel size must divide)."""
 
     @abstractmethod
-    def accelerator_kwargs(self, job: ResolvedJob | None) -> dict[str, Any]:
+    def accelerator_kwargs(self, job: JobView | None) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator(...)``: plugins and kwargs handlers
         (``fsdp_plugin``, ``deepspeed_plugin``, ``kwargs_handlers``...). ``job`` is None when a
         user's own script is launched (``acc-train launch``)."""
@@ -243,7 +242,7 @@ class Strategy(ABC, Generic[OptionsT]):
         """What counts this rank's parameter, gradient and optimizer-state bytes for run.json's
         ``model_state_bytes``, or None where they cannot be counted. Called once, after
         ``prepare``. The default reads the torch optimizer's parameters, gradients and state."""
-        from acc_train.model_state import TorchOptimizerMeter
+        from acc_train.memory.state import TorchOptimizerMeter
 
         return TorchOptimizerMeter(optimizer)
 
@@ -271,7 +270,7 @@ class Strategy(ABC, Generic[OptionsT]):
         # one process: NO in-process, or a one-rank process group under the launcher
         return {"NO", multi} if machine.world_size == 1 else {multi}
 
-    def state_dict(self, run: RunContext) -> dict[str, Any]:
+    def state_dict(self, run: RunView) -> dict[str, Any]:
         """This rank's state that the strategy keeps beyond model and optimizer (a comm hook's
         error feedback, a step counter), so that a resumed run continues exactly. Called on every
         rank at each checkpoint, with the run (``run.extras`` is where plugins keep per-run
@@ -280,7 +279,7 @@ class Strategy(ABC, Generic[OptionsT]):
         default): nothing of its own."""
         return {}
 
-    def load_state_dict(self, run: RunContext, state: dict[str, Any]) -> None:
+    def load_state_dict(self, run: RunView, state: dict[str, Any]) -> None:
         """Take back what :meth:`state_dict` returned on this rank, with tensors on the CPU. Called
         on every rank of a resumed run, after model and optimizer are restored and before
         ``acc_train_train_start``, when the checkpoint holds this strategy's state for this rank
@@ -297,7 +296,7 @@ class Strategy(ABC, Generic[OptionsT]):
         the parameters, the tracker that measures a simulated step, whether it computes DDP's
         updates, what it keeps in low precision. The default suits a replicated strategy (DDP);
         a strategy that shards returns its own :class:`acc_train.api.StrategyPlanner`."""
-        from acc_train.strategy_planner import StrategyPlanner
+        from acc_train.memory.planner import StrategyPlanner
 
         return StrategyPlanner(self)
 
@@ -312,7 +311,7 @@ class Strategy(ABC, Generic[OptionsT]):
         plain = {t for t in self.accelerate_distributed_types if t == "NO" or t.startswith("MULTI_")}
         if set(self.accelerate_distributed_types) - plain:
             return None
-        from acc_train.strategy_launch import LaunchProtocol
+        from acc_train.contracts.launch import LaunchProtocol
 
         return LaunchProtocol(self)
 

@@ -12,12 +12,12 @@ from typing import Any
 from acc_train.checkpoint import TrainerState
 from acc_train.config.optimizer import optimizer_summary
 from acc_train.loop.loop import LoopResult
-from acc_train.mfu import mfu
-from acc_train.model_state import ModelStateMeter
-from acc_train.output_paths import fresh_directory, readable, replace_directory, replace_file
+from acc_train.outputs.mfu import mfu
+from acc_train.memory.state import ModelStateMeter
+from acc_train.files.output_paths import fresh_directory, readable, replace_directory, replace_file
 from acc_train.run import RunContext
-from acc_train.samples_file import SAMPLES_FILE, read_samples
-from acc_train.torch_compile import compile_summary
+from acc_train.outputs.samples_file import SAMPLES_FILE, read_samples
+from acc_train.loop.torch_compile import compile_summary
 
 __all__ = ["summarize", "write_run_json", "save_final", "peak_memory_bytes"]
 
@@ -52,7 +52,7 @@ def _param_checksum(model: Any) -> float:
 def _dtypes(run: RunContext) -> dict[str, str | None]:
     """This rank's ``param_dtype`` and ``master_dtype``, measured by the strategy's meter; without
     one, the trainable parameters' dtype, and the master dtype unknown."""
-    from acc_train.model_state import dtype_name
+    from acc_train.memory.state import dtype_name
 
     measured = run.model_state_meter.dtypes() if run.model_state_meter is not None else {}
     if measured.get("param_dtype") is None:
@@ -193,7 +193,7 @@ def _save_in_dtype(model: Any, state_dict: dict[str, Any], dtype: Any, directory
 def _write_card(run: RunContext, summary: dict[str, Any], directory: Path, adapter: bool) -> None:
     """``README.md``, the model card, into ``directory``; best effort: a card that cannot be
     made is a warning, never the loss of the trained model."""
-    from acc_train.model_card import model_card
+    from acc_train.outputs.model_card import model_card
 
     try:
         card = model_card(run.job.to_yaml(), run.job.config, summary, adapter=adapter)
@@ -207,11 +207,11 @@ def _write_card(run: RunContext, summary: dict[str, Any], directory: Path, adapt
 
 def save_final(run: RunContext, tokenizer: Any, summary: dict[str, Any] | None = None) -> None:
     """``final/``: the consolidated model as ``save_pretrained`` safetensors in
-    :func:`~acc_train.model.final_dtype` (a bf16-stored model is written back in bf16), moved in
+    :func:`~acc_train.model.build.final_dtype` (a bf16-stored model is written back in bf16), moved in
     atomically; under ``model.lora``, the adapter directory PEFT loads onto the base model.
-    With the run's ``summary``, a model card (``README.md``, :mod:`acc_train.model_card`)."""
-    from acc_train.adapters import is_adapter_model, save_adapter
-    from acc_train.model import final_dtype
+    With the run's ``summary``, a model card (``README.md``, :mod:`acc_train.outputs.model_card`)."""
+    from acc_train.model.adapters import is_adapter_model, save_adapter
+    from acc_train.model.build import final_dtype
 
     accelerator, model, out = run.accelerator, run.model, run.output_dir
     dtype = final_dtype(run.job.config)  # on every rank: a config that cannot be read fails them all, none waits
@@ -231,7 +231,7 @@ def save_final(run: RunContext, tokenizer: Any, summary: dict[str, Any] | None =
             if summary is not None:
                 _write_card(run, summary, tmp, adapter=is_adapter_model(unwrapped))
         except BaseException as exc:  # a full disk, say: no partial final/ left behind
-            from acc_train.disk_full import disk_full_error
+            from acc_train.files.disk_full import disk_full_error
 
             full = disk_full_error(exc, tmp, what="while writing the final model into", done="the partial final/ was removed; the checkpoints are intact")
             shutil.rmtree(tmp, ignore_errors=True)

@@ -6,7 +6,7 @@ It knows nothing strategy-specific and fires lifecycle hooks rather than writing
 (core's reporter writes ``metrics.jsonl``). It reads values back from the accelerator only every
 ``training.read_every`` steps and before an evaluation, a checkpoint, a stop and the end
 (:mod:`acc_train.loop.ledger`): every other step queues its work and goes on, and the ranks
-agree on a stop request over gloo (:class:`acc_train.stop_signals.StopAgreement`).
+agree on a stop request over gloo (:class:`acc_train.launch.stop_signals.StopAgreement`).
 
 Step time, as ``run.json`` reports it, is the time between the ends of consecutive steps (on
 the device's timeline where it has one), so it holds fetching the batches, forward and backward
@@ -25,19 +25,19 @@ from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point, step_dir_name
 from acc_train.errors import UserError
-from acc_train.harness import run_harness
+from acc_train.evaluation.harness import run_harness
 from acc_train.loop.ledger import StepClock, StepLedger, StepReading, StepValues
 from acc_train.loop.loss import eval_loss, packed_mask_kind, sequence_shards, step_windows, token_loss
 from acc_train.loop.samples import Samples
-from acc_train.mfu import mfu
+from acc_train.outputs.mfu import mfu
 from acc_train.plugins import call_lifecycle
 from acc_train.run import RunContext
-from acc_train.stop_signals import StopAgreement
+from acc_train.launch.stop_signals import StopAgreement
 
 if TYPE_CHECKING:
     from acc_train.data import ResumableSampler
     from acc_train.data.stream import StreamRows
-    from acc_train.stop_signals import StopRequest
+    from acc_train.launch.stop_signals import StopRequest
 
 __all__ = ["WARMUP_STEPS", "LoopInputs", "LoopResult", "run_loop", "evaluate"]
 

@@ -29,9 +29,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from acc_train.prompt_text import decode_tokens, encode_prompt
-from acc_train.samples_file import SAMPLES_FILE, append_rows, start_samples_file
-from acc_train.trackers import log_samples
+from acc_train.model.prompt_text import decode_tokens, encode_prompt
+from acc_train.outputs.samples_file import SAMPLES_FILE, append_rows, start_samples_file
+from acc_train.outputs.trackers import log_samples
 
 if TYPE_CHECKING:
     from acc_train.config.evaluation import EvalConfig
@@ -119,7 +119,7 @@ class Samples:
             if run.is_main_process and resumed_step and (run.output_dir / SAMPLES_FILE).is_file():
                 os.close(start_samples_file(run.output_dir / SAMPLES_FILE, resumed_step))  # steps it redoes have none now
             return
-        from acc_train.model import load_tokenizer
+        from acc_train.model.build import load_tokenizer
 
         self.tokenizer = load_tokenizer(cfg.model)
         self.ids = [encode_prompt(self.tokenizer, p, where=f"eval.samples[{i}]") for i, p in enumerate(self.prompts)]

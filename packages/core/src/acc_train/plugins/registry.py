@@ -214,19 +214,19 @@ def _checkpoint_format_base() -> type:
 
 
 def _data_kind_base() -> type:
-    from acc_train.data_kind import DataKind
+    from acc_train.contracts.data_kind import DataKind
 
     return DataKind
 
 
 def _tracker_base() -> type:
-    from acc_train.tracker_kinds import TrackerKind
+    from acc_train.outputs.tracker_kinds import TrackerKind
 
     return TrackerKind
 
 
 def _optimizer_base() -> type:
-    from acc_train.optimizer import OptimizerKind
+    from acc_train.model.optimizer import OptimizerKind
 
     return OptimizerKind
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acc_train.prompt_text import prompt_label
+from acc_train.model.prompt_text import prompt_label
 
 __all__ = ["model_card", "checkpoint_summary", "base_model_id", "data_digest"]
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from acc_train.byte_tokenizer import byte_tokenizer
+from acc_train.model.byte_tokenizer import byte_tokenizer
 from acc_train.errors import UserError
-from acc_train.prompt_text import decode_tokens, encode_prompt
+from acc_train.model.prompt_text import decode_tokens, encode_prompt
 
 __all__ = ["load_for_generation", "generate", "text_stream"]
 
@@ -28,7 +28,7 @@ def _is_model_dir(p: Path) -> bool:
 def _run_tokenizer(run_dir: Path) -> Any | None:
     """The tokenizer of the run whose ``config.yaml`` is in ``run_dir`` (None: byte level)."""
     from acc_train.config import load_resolved
-    from acc_train.model import load_tokenizer
+    from acc_train.model.build import load_tokenizer
 
     config = run_dir / "config.yaml"
     if not config.is_file():

@@ -18,7 +18,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from acc_train.errors import UserError
-from acc_train.user_files import read_user_text
+from acc_train.files.user_files import read_user_text
 
 __all__ = ["METRICS_FILE", "ROW_FIELDS", "MetricsRow", "RunMetrics", "parse_line", "read_metrics", "row_problem", "shape_problem"]
 
@@ -44,7 +44,7 @@ class MetricsRow(Mapping[str, Any]):
     tokens: int | None = None
     #: real tokens per second, mean since this run (not the runs it resumed) started
     tokens_per_s: float | None = None
-    #: model FLOPs utilization of that mean (:mod:`acc_train.mfu`); None where no peak is known
+    #: model FLOPs utilization of that mean (:mod:`acc_train.outputs.mfu`); None where no peak is known
     mfu: float | None = None
     #: training time since step 0, resumed runs included
     elapsed_s: float | None = None

@@ -1,7 +1,7 @@
 """The launch protocol a strategy hands out (:meth:`acc_train.Strategy.launch_protocol`): how
 ``acc-train launch`` runs a user's own program (an Accelerate script, HF Trainer, TRL) unchanged
 under the strategy. Core's side of the protocol (the variables every launch sets, the shell's
-leftovers) is :mod:`acc_train.launch_protocol`.
+leftovers) is :mod:`acc_train.launch.protocol`.
 
 A strategy that is one of Accelerate's own types maps its options to Accelerate's variables::
 
@@ -19,14 +19,12 @@ A strategy that is one of Accelerate's own types maps its options to Accelerate'
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from acc_train.strategy import Strategy
+from typing import Any, ClassVar, Generic, TypeVar
 
 __all__ = ["LaunchProtocol"]
 
-StrategyT = TypeVar("StrategyT", bound="Strategy[Any]")
+#: the configured ``acc_train.Strategy`` the protocol launches (typed loosely: this layer is below it)
+StrategyT = TypeVar("StrategyT")
 
 
 class LaunchProtocol(Generic[StrategyT]):
@@ -56,7 +54,8 @@ class LaunchProtocol(Generic[StrategyT]):
 
         The default calls ``Strategy.accelerator_kwargs`` with no job, so a strategy that refuses
         to run a user's program says so before launch, and needs no variable."""
-        self.strategy.accelerator_kwargs(None)
+        strategy: Any = self.strategy
+        strategy.accelerator_kwargs(None)
         return {}
 
     def before_program(self) -> None:

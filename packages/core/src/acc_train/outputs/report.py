@@ -19,11 +19,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from acc_train.errors import UserError
-from acc_train.metrics import METRICS_FILE, MetricsRow, read_metrics, shape_problem
-from acc_train.output_paths import readable
-from acc_train.prompt_text import prompt_label
-from acc_train.samples_file import SAMPLES_FILE, read_samples
-from acc_train.user_files import read_user_json, read_user_text
+from acc_train.outputs.metrics import METRICS_FILE, MetricsRow, read_metrics, shape_problem
+from acc_train.files.output_paths import readable
+from acc_train.model.prompt_text import prompt_label
+from acc_train.outputs.samples_file import SAMPLES_FILE, read_samples
+from acc_train.files.user_files import read_user_json, read_user_text
 
 __all__ = [
     "REPORT_PNG", "RunRecord", "read_run", "read_summary", "read_configured_strategy", "summary_rows", "format_summary", "format_samples",
@@ -131,7 +131,7 @@ def read_configured_strategy(path: Path) -> str | None:
     """The strategy name in a run's ``config.yaml`` (a mapping), else a UserError naming it."""
     import yaml
 
-    from acc_train.yaml_loader import Loader
+    from acc_train.files.yaml_loader import Loader
 
     hint = "config.yaml is the resolved config a run writes; restore it, or remove it"
     text = read_user_text(path, what="run config", hint=hint)

@@ -19,12 +19,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from acc_train.memory_plan import MemoryPlan, PlanInput
-    from acc_train.strategy import Machine, Strategy
+    from acc_train.contracts.protocols import MachineView
+    from acc_train.memory.plan import MemoryPlan, PlanInput
 
 __all__ = ["StrategyPlanner"]
 
-StrategyT = TypeVar("StrategyT", bound="Strategy[Any]")
+#: the configured ``acc_train.Strategy`` the planner answers for (typed loosely: this layer is below it)
+StrategyT = TypeVar("StrategyT")
 
 
 class StrategyPlanner(Generic[StrategyT]):
@@ -37,23 +38,23 @@ class StrategyPlanner(Generic[StrategyT]):
     @property
     def options(self) -> Any:
         """The strategy's validated options."""
-        return self.strategy.options
+        return self.strategy.options  # type: ignore[attr-defined]
 
     def plan_variants(self) -> dict[str, dict[str, Any]]:
         """The option sets ``acc-train plan`` shows a row for, by label: the presets, or the
         defaults when there are none."""
-        strategy = self.strategy
+        strategy: Any = self.strategy
         return {name: dict(options) for name, options in strategy.presets.items()} or {strategy.name: {}}
 
     def plan_memory(self, plan: PlanInput) -> MemoryPlan:
         """What one rank holds of the model state with these options, for ``acc-train plan``
         (no model is built). The default is a full replica on every rank, as DDP holds:
         16psi bytes in fp32. A sharding strategy states its own."""
-        from acc_train.memory_plan import replicated
+        from acc_train.memory.plan import replicated
 
         return replicated(plan)
 
-    def parameter_shards(self, machine: Machine) -> int:
+    def parameter_shards(self, machine: MachineView) -> int:
         """Into how many parts the strategy, with these options, splits the model's parameters
         across the ranks of ``machine``: 1 where every rank holds them whole (DDP, ZeRO-1/2),
         ``machine.world_size`` where each holds about 1/N (FSDP, ZeRO-3), the processes per
