@@ -135,7 +135,7 @@ def test_a_last_line_cut_short_is_skipped(rows: list, cut: int, tmp_path: Path) 
 def test_report_png_draws_or_refuses_any_numbers(rows: list, tmp_path: Path) -> None:
     """The plot of any numbers a metrics file may hold (inf, nan, 1e308) is drawn or refused,
     and a refused drawing leaves no file behind."""
-    from acc_train.outputs.report import draw_report
+    from acc_train.outputs.plot import draw_report
 
     run = _run_dir(tmp_path, "".join(json.dumps(r) + "\n" for r in rows).encode())
     record = read_run(run)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import cli_in_process as run_cli  # plan answers without workers: in this process
 
 DEMO_PSI = 1_426_752  # the demo model, as run.json counts it (BENCHMARKS.md)
 

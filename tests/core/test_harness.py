@@ -260,12 +260,13 @@ def test_a_run_records_its_harness_scores(tiny_model_dir: Path, tiny_data: dict[
     assert harness[-1].numbers()["harness/tiny_words/acc"] == harness[-1].harness["tiny_words"]["acc"]  # what trackers get
     summary = json.loads((run / "run.json").read_text())
     assert summary["harness"] == harness[-1].harness and summary["harness_step"] == 4
+    assert summary["evaluations"]["harness_tasks"] == {"step": 4, "metrics": {"harness": harness[-1].harness}}  # as every evaluator's
     assert summary["final_eval_loss"] == pytest.approx(rows.evals[-2].eval_loss if rows.evals[-1].eval_loss is None else rows.evals[-1].eval_loss)
     report = format_summary(read_run(run))
     assert re.search(r"^harness tiny_words +acc \d\.\d{4} \(step 4\); acc by evaluation: \d\.\d{4} -> \d\.\d{4}$", report, flags=re.M), report
     assert "eval loss" in report and "- (step" not in report
     card = (run / "final" / "README.md").read_text()  # the model card names them
-    assert f"| benchmarks | lm-evaluation-harness after step 4: tiny_words acc {summary['harness']['tiny_words']['acc']:.4f} |" in card
+    assert f"| evaluation harness_tasks | after step 4: harness tiny_words acc {summary['harness']['tiny_words']['acc']:.4f} |" in card
     offline = acc_train("eval", str(run), "--tasks", str(harness_task), "--limit", "12")
     assert offline.exit_code == 0, offline.output
     assert scores_of(offline.stdout)["tiny_words"]["acc"] == pytest.approx(summary["harness"]["tiny_words"]["acc"], abs=1e-4)

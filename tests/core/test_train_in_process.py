@@ -104,9 +104,10 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
     assert model.config.vocab_size == 256 and model.config.hidden_size == 32
     assert assert_model_card(out, "ddp").get("base_model") is None  # the demo model: no base
     # acc-train generate's path: the demo model reads and writes bytes; greedy is deterministic
-    from acc_train.evaluation.generate import generate, load_for_generation
+    from acc_train.evaluation.generate import generate
+    from acc_train.evaluation.trained import load_trained_model
 
-    loaded, tokenizer, source = load_for_generation(str(out))
+    loaded, tokenizer, source = load_trained_model(str(out))
     assert tokenizer is None and source == str(out / "final")
     pieces: list[str] = []
     first = generate(loaded, tokenizer, "import ", max_new_tokens=6, emit=pieces.append)

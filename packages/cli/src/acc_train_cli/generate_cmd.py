@@ -26,9 +26,9 @@ def generate(path: str, prompts: tuple[str, ...], chat: bool, max_new_tokens: in
     import sys
 
     from acc_train.evaluation.generate import generate as complete
-    from acc_train.evaluation.generate import load_for_generation
+    from acc_train.evaluation.trained import load_trained_model
 
-    model, tokenizer, source = load_for_generation(path)
+    model, tokenizer, source = load_trained_model(path)
     click.echo(f"model: {source}", err=True)
 
     def emit(text: str) -> None:

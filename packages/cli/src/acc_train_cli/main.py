@@ -66,6 +66,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     from acc_train.config.optimizer import check_optimizer
     from acc_train.launch.launcher import check_launch_support
     from acc_train.data import check_data_files, data_kind
+    from acc_train.evaluation.kinds import job_evaluators
     from acc_train.machine import current_machine
     from acc_train.model.build import check_attn_implementation, check_model_builds, check_model_path
     from acc_train.model.prompt_text import check_prompts
@@ -78,10 +79,8 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_data_files(cfg.data)  # needs no torch: a missing or broken file is refused in a second, before torch loads
     check_attn_implementation(cfg.model, current_machine().device_type)
     _check_strategy_fits(job)
-    if cfg.eval.harness_tasks:  # lm-eval installed, every task known and loadable: exit 2 now, not at the first evaluation
-        from acc_train.evaluation.harness import check_job_harness
-
-        check_job_harness(cfg)
+    for evaluator in job_evaluators(cfg):  # (eval.harness_tasks: lm-eval installed, every task known and loadable)
+        evaluator.check(cfg)  # exit 2 now, not at the first evaluation
     tokenizer = check_model_builds(cfg, job.strategy, packs=packs_rows(cfg.data))
     data_kind(cfg.data).check_tokenizer(tokenizer, cfg.data)
     check_prompts(cfg.eval.samples, tokenizer)

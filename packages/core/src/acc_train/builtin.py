@@ -11,6 +11,7 @@ from acc_train.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from acc_train.contracts.data_kind import DataKind
+    from acc_train.contracts.evaluator import EvaluatorKind
     from acc_train.model.optimizer import OptimizerKind
     from acc_train.run import RunContext
     from acc_train.outputs.tracker_kinds import TrackerKind
@@ -45,6 +46,14 @@ def acc_train_register_trackers(register: Callable[[TrackerKind], None]) -> None
         register(kind)
 
 
+@hookimpl
+def acc_train_register_evaluators(register: Callable[[EvaluatorKind], None]) -> None:
+    from acc_train.loop.evaluators import builtin_evaluator_kinds
+
+    for kind in builtin_evaluator_kinds():  # the eval loss, eval.samples, eval.harness_tasks
+        register(kind)
+
+
 #: what core itself runs on, reported in every checkpoint's manifest
 CORE_LIBRARIES = ("acc-train-core", "torch", "accelerate", "transformers", "safetensors")
 
@@ -68,7 +77,7 @@ def acc_train_train_end(run: RunContext, summary: dict[str, Any]) -> None:
     is a warning: the run itself has succeeded."""
     if not run.is_main_process:
         return
-    from acc_train.outputs.report import write_report
+    from acc_train.outputs.plot import write_report
 
     try:
         write_report(run.output_dir)

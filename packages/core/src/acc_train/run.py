@@ -127,11 +127,8 @@ class RunReporter:
         if run.is_main_process:
             row = MetricsRow.from_dict(metrics)
             self._write(run, step, row)
-            if self._bar is not None and row.eval_loss is not None:
-                self._bar.write(f"step {step}: eval_loss {row.eval_loss:.4f}")
-            if self._bar is not None and row.harness:
-                scores = (f"{task} {metric} {value:.4f}" for task, metrics in row.harness.items() for metric, value in metrics.items())
-                self._bar.write(f"step {step}: " + "; ".join(scores))
+            if self._bar is not None and row.numbers():
+                self._bar.write(f"step {step}: " + "; ".join(f"{name} {value:.4f}" for name, value in row.numbers().items()))
 
     @hookimpl
     def acc_train_train_end(self, run: RunContext, summary: dict[str, Any]) -> None:

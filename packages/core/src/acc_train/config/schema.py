@@ -66,7 +66,10 @@ class JobConfig(Section):
     )
     eval: EvalConfig = Field(
         default_factory=EvalConfig,
-        description="What each evaluation runs besides `eval_loss`: generation samples and their settings, and lm-evaluation-harness tasks.",
+        description=(
+            "What each evaluation runs besides `eval_loss`: generation samples and their settings, lm-evaluation-harness "
+            "tasks, and the evaluators plugins register (`NAME: {options}`)."
+        ),
     )
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig,

@@ -1,7 +1,7 @@
 """``acc-train generate``: a quick look at what a run trained. The model is read from a run's
 ``final/`` (a full model, or LoRA adapters on their base), from any checkpoint whatever strategy
 and world size wrote it (its portable state, adapters applied), or from a ``save_pretrained``
-directory; the prompt is tokenized as training tokenized text (the run's tokenizer, bytes for
+directory (:func:`acc_train.evaluation.trained.load_trained_model`); the prompt is tokenized as training tokenized text (the run's tokenizer, bytes for
 the demo model), or with ``chat`` rendered by the tokenizer's chat template; the text streams to
 the terminal as it is made (``transformers.TextStreamer``: word by word, line by line). One
 process, on the GPU when there is one.
@@ -9,77 +9,13 @@ process, on the GPU when there is one.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from acc_train.model.byte_tokenizer import byte_tokenizer
-from acc_train.errors import UserError
 from acc_train.model.prompt_text import decode_tokens, encode_prompt
 
-__all__ = ["load_for_generation", "generate", "text_stream"]
-
-
-def _is_model_dir(p: Path) -> bool:
-    return (p / "config.json").is_file() or (p / "adapter_config.json").is_file()
-
-
-def _run_tokenizer(run_dir: Path) -> Any | None:
-    """The tokenizer of the run whose ``config.yaml`` is in ``run_dir`` (None: byte level)."""
-    from acc_train.config import load_resolved
-    from acc_train.model.build import load_tokenizer
-
-    config = run_dir / "config.yaml"
-    if not config.is_file():
-        return None
-    return load_tokenizer(load_resolved(config).config.model)
-
-
-def _from_directory(p: Path) -> tuple[Any, Any | None]:
-    """A ``save_pretrained`` directory: a full model, or adapters on the base their config names."""
-    import transformers
-
-    if (p / "adapter_config.json").is_file():
-        from peft import PeftModel
-
-        base_name = json.loads((p / "adapter_config.json").read_text()).get("base_model_name_or_path")
-        if not base_name:
-            raise UserError(f"{p} holds LoRA adapters but does not name their base model", where="PATH", hint="export the merged model (checkpoint export --merge) and pass that")
-        model = PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base_name), p)
-    else:
-        model = transformers.AutoModelForCausalLM.from_pretrained(p)
-    has_tokenizer = (p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(p) if has_tokenizer else _run_tokenizer(p.parent)
-    return model, tokenizer
-
-
-def load_for_generation(path: str) -> tuple[Any, Any | None, str]:
-    """(the model, its tokenizer or None for bytes, what was read): ``path`` is a run's output
-    directory (its ``final/``, else its latest checkpoint), a checkpoint, or a model directory."""
-    from acc_train.checkpoint_tools import export_model, resolve_checkpoint
-
-    p = Path(path).expanduser()
-    try:
-        if (p / "final").is_dir() and _is_model_dir(p / "final"):
-            model, tokenizer = _from_directory(p / "final")
-            source = str(p / "final")
-        elif _is_model_dir(p):
-            model, tokenizer = _from_directory(p)
-            source = str(p)
-        else:
-            ckpt = resolve_checkpoint(path)
-            model, tokenizer, source = export_model(ckpt), _run_tokenizer(ckpt.parent.parent), str(ckpt)
-    except OSError as exc:  # a model or base model that cannot be read
-        raise UserError(f"cannot load the model from {path!r}: {exc}".splitlines()[0], where="RUN_OR_CHECKPOINT") from None
-    vocab = getattr(getattr(model, "config", None), "vocab_size", 0) or 0
-    if tokenizer is None and vocab > 256:  # bytes are the demo model's text, not this model's
-        raise UserError(
-            f"found no tokenizer for {source} (vocabulary of {vocab}): neither in the directory nor in its run's config.yaml",
-            where="RUN_OR_CHECKPOINT",
-            hint="pass the run's output directory or its final/ (which hold the tokenizer), or save the tokenizer beside the model",
-        )
-    return model, tokenizer, source
+__all__ = ["generate", "text_stream"]
 
 
 def text_stream(tokenizer: Any | None, emit: Callable[[str], None] | None) -> Any:

@@ -247,9 +247,9 @@ def check_job_harness(config: Any) -> HarnessTasks | None:
 
 
 def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
-    """Run ``eval.harness_tasks`` on the run's model after ``step`` (every rank), fire
-    ``acc_train_eval_end`` with ``{"step", "harness"}`` (core's reporter writes it to
-    ``metrics.jsonl`` and the trackers) and return the scores.
+    """Run ``eval.harness_tasks`` on the run's model after ``step`` (every rank) and return the
+    scores (core's evaluator ``harness_tasks``, :mod:`acc_train.loop.evaluators`, records them
+    as ``harness`` by the path every evaluator's metrics take).
 
     Every rank runs the same requests in the same order on the model it trains with, as the
     strategy hands it out for generation (:meth:`acc_train.strategy.Strategy.generation_model`:
@@ -263,7 +263,6 @@ def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
     does: lockstep by construction, not by every rank's greedy tokens agreeing to the bit.
     """
     from acc_train.model.build import load_tokenizer
-    from acc_train.plugins import call_lifecycle
 
     cfg = run.config
     settings: HarnessSettings = cfg.eval
@@ -276,5 +275,4 @@ def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
             model, tokenizer, tasks, limit=settings.harness_limit, num_fewshot=settings.harness_num_fewshot,
             batch_size=settings.harness_batch_size, synced=run.accelerator.num_processes > 1, forks=False,
         )  # fmt: skip
-    call_lifecycle("acc_train_eval_end", run=run, step=step, metrics={"step": step, "harness": scores})
     return scores

@@ -11,12 +11,12 @@ from typing import Any
 
 from acc_train.checkpoint import TrainerState
 from acc_train.config.optimizer import optimizer_summary
+from acc_train.evaluation.kinds import evaluation_summary
 from acc_train.loop.loop import LoopResult
 from acc_train.outputs.mfu import mfu
 from acc_train.memory.state import ModelStateMeter
 from acc_train.files.output_paths import fresh_directory, readable, replace_directory, replace_file
 from acc_train.run import RunContext
-from acc_train.outputs.samples_file import SAMPLES_FILE, read_samples
 from acc_train.loop.torch_compile import compile_summary
 
 __all__ = ["summarize", "write_run_json", "save_final", "peak_memory_bytes"]
@@ -109,7 +109,7 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
     tokens_per_s = result.tokens / result.elapsed_s if result.elapsed_s > 0 else None
     basis = run.mfu_basis or {}
     times, blocked, overlap = result.step_times, result.checkpoint_blocked_s, result.checkpoint_overlap_s
-    return {
+    summary = {
         "strategy": job.config.strategy["name"],
         "strategy_options": job.strategy.options.model_dump(mode="json"),
         "distributed_type": str(accelerator.distributed_type),
@@ -126,11 +126,6 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         "epoch": state.epoch,
         "final_loss": result.last_loss,
         "best_loss": result.best_loss,
-        "final_eval_loss": result.eval_loss,
-        "samples": _samples_summary(run),
-        # eval.harness_tasks: the last scores, {task: {metric: value}}, and the step they were taken after
-        "harness": result.harness,
-        "harness_step": result.harness_step,
         "tokens": state.tokens,
         # real tokens (padding left out) of this run's steps over its loop's wall time
         "tokens_per_s": tokens_per_s,
@@ -158,16 +153,9 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         # setup: from the launch (the command's start) to the first training batch in hand
         "data": {**data, "setup_s": round(result.first_batch_at - started_at, 3) if result.first_batch_at else None},
     }
-
-
-def _samples_summary(run: RunContext) -> dict[str, Any] | None:
-    """``run.json``'s ``samples``: the file and the last evaluation's completions (main
-    process; None without ``eval.samples``)."""
-    if not run.config.eval.samples:
-        return None
-    rows = read_samples(run.output_dir) if run.is_main_process else []
-    step = max((row["step"] for row in rows), default=None)
-    return {"file": SAMPLES_FILE, "step": step, "last": [{"prompt": r["prompt"], "completion": r["completion"]} for r in rows if r["step"] == step]}
+    # each evaluator's last metrics and their step ({name: {"step": N, "metrics": {...}}}), and the keys of
+    # its own (the built-ins': final_eval_loss, samples, harness, harness_step)
+    return {**summary, **evaluation_summary(run, result.evaluations, taken=summary)}
 
 
 def write_run_json(run: RunContext, summary: dict[str, Any]) -> None:
