@@ -320,6 +320,25 @@ class Strategy(ABC, Generic[OptionsT]):
         (written by a strategy of the same name, under the same number of processes); otherwise
         the run starts the strategy's state afresh, as a new run would."""
 
+    def data_part(self) -> tuple[int, int]:
+        """(index, count): where several launches, each its own process group, train one model
+        together (the replica groups of a fault-tolerant strategy), every global batch is split
+        into ``count`` parts and this launch reads part ``index``; positions, checkpoints and the
+        data order count all parts. (0, 1), the default: this launch reads all of it."""
+        return (0, 1)
+
+    def step_start(self, run: RunContext) -> None:
+        """Called on every rank before the first forward of each optimizer step. It may replace
+        the run's state in place (model, optimizer, ``run.scheduler``, ``run.state``: a replica
+        rejoining a run takes a live peer's); the loop then reads the data from ``run.state``'s
+        position. Default: nothing."""
+
+    def commit_step(self, run: RunContext) -> bool:
+        """Called on every rank once a step's gradients are complete (after clipping), before the
+        optimizer steps. False discards the step: neither the optimizer nor the scheduler steps,
+        the step is not counted and its batches are trained again. Default: True."""
+        return True
+
     def summary(self, accelerator: Accelerator) -> dict[str, Any]:
         """Extra keys for ``run.json`` (e.g. a ZeRO stage)."""
         return {}

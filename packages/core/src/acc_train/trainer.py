@@ -247,6 +247,8 @@ def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | 
         step=state.step,
         model=prepared.model,
         optimizer=prepared.optimizer,
+        scheduler=prepared.scheduler,
+        state=state,
         model_state_meter=job.strategy.model_state_meter(accelerator, prepared.model, prepared.optimizer),
         mfu_basis=mfu_basis,
     )
