@@ -106,6 +106,11 @@ class Strategy(ABC, Generic[OptionsT]):
     #: (``fsdp_plugin``): a launched program passing one under another strategy is refused.
     accelerator_arguments: ClassVar[tuple[str, ...]] = ()
 
+    #: A launch into an output directory holding a run continues it instead of being refused:
+    #: from its latest checkpoint (``--resume auto``), or in its place when it has none. For
+    #: strategies whose launches rejoin a run that goes on without them (a relaunched replica group).
+    rejoins_run: ClassVar[bool] = False
+
     _options: OptionsT | None = None
 
     @property

@@ -73,6 +73,13 @@ def check_output_dir(job: ResolvedJob) -> Path:
         )
     out = check_creatable(cfg.output_dir, "--output-dir")
     existing = _previous_run(out)
+    if existing and not cfg.resume and not cfg.overwrite and job.strategy.rejoins_run:
+        # the same command again (a relaunched replica group): its run is taken over, from its
+        # latest checkpoint or from the start, and the strategy brings it up to its peers
+        if find_checkpoint(out, "auto") is not None:
+            cfg.resume = "auto"
+        else:
+            cfg.overwrite = True
     if existing and not cfg.resume and not cfg.overwrite:
         raise UserError(
             f"{str(out)!r} already holds a run ({', '.join(existing)})",

@@ -51,6 +51,7 @@ class FTDDPStrategy(Strategy[FTOptions]):
     name = "ft-ddp"
     description = "fault-tolerant data parallel over torchft: replica groups of one process that train through a lost group"
     options_schema = FTOptions
+    rejoins_run = True  # a relaunched group is the same command again: it takes its output directory over and heals
 
     def lighthouse_address(self) -> str | None:
         """The lighthouse's URL, from the option or ``$TORCHFT_LIGHTHOUSE``, or None."""
@@ -107,7 +108,13 @@ class FTDDPStrategy(Strategy[FTOptions]):
                 where="--strategy",
                 hint="train through a job config (acc-train --config ...)",
             )
-        return {}  # one process per group: Accelerate wraps nothing; the groups meet through torchft
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        # Accelerate wraps even a one-process group in DDP, whose comm hook then averages across the
+        # groups (acc_train_ft.session). DDP reorders its buckets after its first iteration unless it
+        # looks for unused parameters: a relaunched group's first iteration would then pair its
+        # buckets with differently ordered ones of its peers.
+        return {"kwargs_handlers": [DistributedDataParallelKwargs(find_unused_parameters=True)]}
 
     def data_part(self) -> tuple[int, int]:
         return (self.options.replica_group, self.options.num_groups)
