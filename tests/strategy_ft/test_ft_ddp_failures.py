@@ -56,13 +56,18 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def lighthouse() -> str:
-    from torchft._torchft import LighthouseServer
-
-    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=1000, heartbeat_timeout_ms=int(HEARTBEAT_TIMEOUT_S * 1000), quorum_tick_ms=10)
+    """``acc-train lighthouse`` on a free port, as a user starts it; its first line names it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "acc_train_cli", "lighthouse", "--port", "0", "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
     try:
-        yield f"localhost:{server.address().rsplit(':', 1)[1]}"
+        first = proc.stdout.readline()
+        assert first.startswith("lighthouse listening on "), first
+        yield f"localhost:{first.split()[-1].rsplit(':', 1)[1]}"
     finally:
-        server.shutdown()
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,19 @@ def acc_train_register_trackers(register: Callable[[TrackerKind], None]) -> None
     """
 
 
+@hookspec
+def acc_train_register_commands(register: Callable[[Any], None]) -> None:
+    """Register subcommands of the ``acc-train`` command: call ``register(command)`` with a
+    ``click.Command`` (its name is the subcommand's, e.g. a fault-tolerant strategy's
+    ``acc-train lighthouse``). Called when the command line is parsed, so ``--help`` lists them.
+    A name that a built-in command or another plugin holds is refused with a warning naming the
+    plugin. Must not import torch, accelerate or deepspeed (import them inside the command).
+    The return value is ignored.
+
+    :param register: call once per command.
+    """
+
+
 @hookspec(firstresult=True)
 def acc_train_accelerate_config(distributed_type: str, config: dict[str, Any]) -> dict[str, Any] | None:
     """Map a config file written by ``accelerate config`` onto this plugin's strategy.

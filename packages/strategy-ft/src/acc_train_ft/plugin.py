@@ -26,13 +26,12 @@ from typing import Any
 from pydantic import Field
 
 from acc_train.api import Machine, RunContext, Strategy, StrategyOptions, UserError, hookimpl
+from acc_train_ft.lighthouse import DEFAULT_PORT as DEFAULT_LIGHTHOUSE_PORT
 
 __all__ = ["FTOptions", "FTDDPStrategy", "LIGHTHOUSE_ENV", "DEFAULT_LIGHTHOUSE_PORT"]
 
 #: torchft's own variable for the lighthouse's address, read when ``strategy.lighthouse`` is unset
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
-#: the lighthouse's port unless told otherwise (torchft's default)
-DEFAULT_LIGHTHOUSE_PORT = 29510
 #: where the plugin keeps its session (:class:`acc_train_ft.session.FTSession`) in ``RunContext.extras``
 EXTRAS_KEY = "ft"
 
@@ -141,6 +140,13 @@ class FTDDPStrategy(Strategy[FTOptions]):
 @hookimpl
 def acc_train_register_strategies(register: Callable[[Strategy], None]) -> None:
     register(FTDDPStrategy())
+
+
+@hookimpl
+def acc_train_register_commands(register: Callable[[Any], None]) -> None:
+    from acc_train_ft.lighthouse import lighthouse
+
+    register(lighthouse)
 
 
 @hookimpl
