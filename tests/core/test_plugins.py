@@ -104,7 +104,7 @@ def test_a_plugin_whose_registration_raises_is_skipped_and_reported() -> None:
 
 
 def test_blocking_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(plugins.ENV_BLOCK, "ddp,fsdp,deepspeed,local-sgd")
+    monkeypatch.setenv(plugins.ENV_BLOCK, "ddp,fsdp,deepspeed,local-sgd,ft")
     assert plugins.strategies().names() == []
     with pytest.raises(UserError, match="pip install acc-train-strategy-ddp"):
         plugins.strategies().get("ddp")

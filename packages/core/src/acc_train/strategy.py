@@ -106,11 +106,7 @@ class Strategy(ABC, Generic[OptionsT]):
     #: (``fsdp_plugin``): a launched program passing one under another strategy is refused.
     accelerator_arguments: ClassVar[tuple[str, ...]] = ()
 
-    #: A launch into an output directory holding a run continues it instead of being refused:
-    #: from its latest checkpoint (``--resume auto``), or in its place when it has none. For
-    #: strategies whose launches rejoin a run that goes on without them (a relaunched replica group).
-    rejoins_run: ClassVar[bool] = False
-
+    rejoins_run: ClassVar[bool] = False  # a launch into a directory holding a run continues it (a replica group rejoins)
     _options: OptionsT | None = None
 
     @property
@@ -326,22 +322,14 @@ class Strategy(ABC, Generic[OptionsT]):
         the run starts the strategy's state afresh, as a new run would."""
 
     def data_part(self) -> tuple[int, int]:
-        """(index, count): where several launches, each its own process group, train one model
-        together (the replica groups of a fault-tolerant strategy), every global batch is split
-        into ``count`` parts and this launch reads part ``index``; positions, checkpoints and the
-        data order count all parts. (0, 1), the default: this launch reads all of it."""
+        """(index, count): launches apart (replica groups) split each batch; this one reads part ``index``."""
         return (0, 1)
 
     def step_start(self, run: RunContext) -> None:
-        """Called on every rank before the first forward of each optimizer step. It may replace
-        the run's state in place (model, optimizer, ``run.scheduler``, ``run.state``: a replica
-        rejoining a run takes a live peer's); the loop then reads the data from ``run.state``'s
-        position. Default: nothing."""
+        """Before a step's first forward; may replace the state (a heal): the loop re-reads from ``run.state``."""
 
     def commit_step(self, run: RunContext) -> bool:
-        """Called on every rank once a step's gradients are complete (after clipping), before the
-        optimizer steps. False discards the step: neither the optimizer nor the scheduler steps,
-        the step is not counted and its batches are trained again. Default: True."""
+        """Before the optimizer step; False discards it (no optimizer or scheduler step, its batches again)."""
         return True
 
     def summary(self, accelerator: Accelerator) -> dict[str, Any]:
