@@ -195,7 +195,7 @@ def _json_ready(path: Path) -> bool:
 
 
 def run_acc_train(strategy: str, steps: int, nproc: int, model: Model, env: dict[str, str] | None, run_dir: Path, limits: Limits) -> dict:
-    from acc_train.metrics import read_metrics
+    from acc_train.outputs.metrics import read_metrics
 
     out = run_dir / "acc-train"
     cmd = [

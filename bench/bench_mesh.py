@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from acc_train.metrics import read_metrics
+from acc_train.outputs.metrics import read_metrics
 
 #: label -> (acc-train arguments, the plan row's label (None: the --mesh row), --mesh for the plan, processes (None: --processes))
 SHAPES = {

@@ -64,7 +64,7 @@ WARMUP_STEPS = 3
 #: read the losses back every this many steps (acc-train's training.read_every default, torchtitan's log_freq)
 READ_EVERY = 10
 
-#: acc_train.model.DEMO_MODEL_CONFIG (copied: importing acc_train would weigh on the baseline)
+#: acc_train.model.build.DEMO_MODEL_CONFIG (copied: importing acc_train would weigh on the baseline)
 DEMO_MODEL_CONFIG = {
     "vocab_size": 256, "hidden_size": 192, "intermediate_size": 512, "num_hidden_layers": 3,
     "num_attention_heads": 6, "num_key_value_heads": 6, "max_position_embeddings": 1024,

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from acc_train import metrics, plugins
-from acc_train.metrics import MetricsRow
+from acc_train import plugins
+from acc_train.outputs import metrics
+from acc_train.outputs.metrics import MetricsRow
 from acc_train.testing.runs import WORDS, save_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +129,7 @@ def cli_in_process(
     return subprocess.CompletedProcess(["acc-train", *args], code, result.stdout, stderr)
 
 
-#: every variable acc_train.cluster reads, cleared around each test (a test run inside a Slurm
+#: every variable acc_train.launch.cluster reads, cleared around each test (a test run inside a Slurm
 #: job or a pod must not see its own cluster)
 CLUSTER_VARS = [
     *(f"SLURM_{v}" for v in (
@@ -171,7 +172,7 @@ def _no_user_default_config(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: p
 
 
 def read_metrics(out: Path) -> dict[int, MetricsRow]:
-    """The run's logged training steps by step (``acc_train.metrics``, the one reader)."""
+    """The run's logged training steps by step (``acc_train.outputs.metrics``, the one reader)."""
     return metrics.read_metrics(out).steps
 
 
@@ -387,7 +388,7 @@ def checkpointed_run(
 
 def same_samples(run: Path) -> list[tuple]:
     """``samples.jsonl``'s rows without their timing: (step, index, prompt, completion, new tokens)."""
-    from acc_train.samples_file import read_samples
+    from acc_train.outputs.samples_file import read_samples
 
     return [(r["step"], r["index"], r["prompt"], r["completion"], r["new_tokens"]) for r in read_samples(run)]
 

@@ -20,7 +20,7 @@ Rows (the job of ``bench/gpu_fsdp_vs_ddp.py``: the ~1.1B demo Llama, bf16, world
 - ``ddp``, ``fsdp`` (FSDP2), ``zero3``: acc-train; tokens/s and MFU from run.json, peak memory
   against ``acc-train plan``'s estimate for the same job, the loss after the same steps;
 - ``handwritten``: ``bench/handwritten_loop.py`` on the same model, data and settings (bf16
-  autocast, fused AdamW, torch DDP, no Accelerate); its MFU through ``acc_train.mfu``;
+  autocast, fused AdamW, torch DDP, no Accelerate); its MFU through ``acc_train.outputs.mfu``;
 - ``gc``, ``lora``, ``compile``: ddp with ``training.gradient_checkpointing``, ``model.lora``,
   ``training.compile``;
 - ``zero3-fused-adam``: the hand-written ZeRO-3 loop with DeepSpeed's fused CUDA Adam
@@ -302,7 +302,7 @@ def acc_train_row(strategy: str, plan_label: str, *sets: str, rehearsal_sets: tu
             "device": summary.get("device"),
         }
         if "mfu" not in summary:
-            result["note"] = "run.json has no mfu (acc_train.mfu not merged yet)"
+            result["note"] = "run.json has no mfu (acc_train.outputs.mfu not merged yet)"
         if plans and plan_label in plans:
             result["plan_bytes"] = plans[plan_label]["device_total"]
             if result["peak_memory_bytes"]:
@@ -322,7 +322,7 @@ def plan_args(job: Job) -> list[str]:
 
 
 def handwritten_row(strategy: str, optimizer: str = "torch") -> Callable[[Check, float], dict[str, Any]]:
-    """``bench/handwritten_loop.py`` on the job (one process, started with the variables torchrun sets), its MFU through acc_train.mfu.
+    """``bench/handwritten_loop.py`` on the job (one process, started with the variables torchrun sets), its MFU through acc_train.outputs.mfu.
     Rehearsing, the optimizer is torch's: DeepSpeed's FusedAdam on its CPU accelerator is another
     op (C++, minutes to build on a small CPU), not the CUDA one this row is for."""
 
@@ -359,18 +359,19 @@ def handwritten_row(strategy: str, optimizer: str = "torch") -> Callable[[Check,
     return row
 
 
-#: run in a subprocess: the MFU of a hand-written run through acc_train.mfu (issue 26's item 1)
+#: run in a subprocess: the MFU of a hand-written run through acc_train.outputs.mfu (issue 26's item 1)
 MFU_PROGRAM = """
 import json, sys
 args = json.loads(sys.argv[1])
 try:
-    from acc_train.mfu import device_peak_flops, model_flops_per_token, mfu
+    from acc_train.outputs.device_peaks import device_peak_flops
+    from acc_train.outputs.mfu import mfu, model_flops_per_token
 except ImportError as exc:
-    print(json.dumps({"error": f"acc_train.mfu is missing ({exc}): the hand-written loop's MFU is not computed"}))
+    print(json.dumps({"error": f"acc_train.outputs.mfu is missing ({exc}): the hand-written loop's MFU is not computed"}))
     raise SystemExit(0)
 import torch
 import transformers
-from acc_train.model import DEMO_MODEL_CONFIG
+from acc_train.model.build import DEMO_MODEL_CONFIG
 
 config = transformers.LlamaConfig(**{**DEMO_MODEL_CONFIG, **args["model"]})
 device = torch.device("cuda", 0) if args["device"] == "cuda" else torch.device("cpu")
@@ -389,7 +390,7 @@ def handwritten_mfu(check: Check, tokens_per_s: float, timeout: float) -> dict[s
         return {"error": f"MFU: {exc}"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        return {"error": f"MFU through acc_train.mfu failed: {_last_line(proc.stdout)}"}
+        return {"error": f"MFU through acc_train.outputs.mfu failed: {_last_line(proc.stdout)}"}
     return json.loads(lines[-1])
 
 

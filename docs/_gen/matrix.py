@@ -164,7 +164,7 @@ def preflight(overrides: dict[str, Any], strategy: dict[str, Any], processes: in
     from acc_train.config.optimizer import check_optimizer
     from acc_train.config.resolve import load_job
     from acc_train.errors import UserError
-    from acc_train.model import check_attn_implementation, check_model_builds
+    from acc_train.model.build import check_attn_implementation, check_model_builds
     from acc_train.strategy import Machine
 
     base = _merge({"strategy": strategy, "launch": {"num_processes": processes}}, overrides)

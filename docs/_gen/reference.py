@@ -20,7 +20,7 @@ __all__ = ["config_keys", "config_reference"]
 SECTION_INTRO = {
     "": "Keys at the top level of the file.",
     "optimizer": "Defaults are the demo job's; a job naming `model.name_or_path` gets fine-tuning defaults for the keys it leaves unset (`lr` 2e-5, `weight_decay` 0, `betas` [0.9, 0.999]).",
-    "eval": "When a run evaluates is `training.eval_every` (and after the last step); `training.eval_batches` is how much `eval_loss` reads. A chat message (`eval.samples`) is `{role, content}`. [Samples while it trains](../guides/look-at-what-you-trained.md#samples-while-it-trains).",
+    "eval": "When a run evaluates is `training.eval_every` (and after the last step); `training.eval_batches` is how much `eval_loss` reads. A chat message (`eval.samples`) is `{role, content}`. [Samples while it trains](../guides/look-at-what-you-trained.md#samples-while-it-trains). Any other key names an evaluator a plugin registered, `eval.NAME: {its options}` ([evaluators](../guides/evaluators.md)).",
     "launch": "Keys left unset fill themselves from Slurm's or torchrun's variables ([Clusters](../cluster.md)).",
 }
 

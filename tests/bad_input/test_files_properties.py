@@ -22,8 +22,8 @@ from acc_train.checkpoint.faults import FAULT_POINTS, Fault, parse_fault
 from acc_train.config import DataConfig
 from acc_train.data import check_data_files
 from acc_train.errors import UserError
-from acc_train.metrics import ROW_FIELDS, read_metrics
-from acc_train.report import format_summary, read_configured_strategy, read_run, summary_rows
+from acc_train.outputs.metrics import ROW_FIELDS, read_metrics
+from acc_train.outputs.report import format_summary, read_configured_strategy, read_run, summary_rows
 from tests.bad_input.harness import assert_handled, run_acc_train
 
 #: deterministic in CI: the same examples every run, no database, no timing-based deadline
@@ -135,7 +135,7 @@ def test_a_last_line_cut_short_is_skipped(rows: list, cut: int, tmp_path: Path) 
 def test_report_png_draws_or_refuses_any_numbers(rows: list, tmp_path: Path) -> None:
     """The plot of any numbers a metrics file may hold (inf, nan, 1e308) is drawn or refused,
     and a refused drawing leaves no file behind."""
-    from acc_train.report import draw_report
+    from acc_train.outputs.plot import draw_report
 
     run = _run_dir(tmp_path, "".join(json.dumps(r) + "\n" for r in rows).encode())
     record = read_run(run)

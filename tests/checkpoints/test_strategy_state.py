@@ -119,7 +119,7 @@ def _train(out: Path, resume: bool = False, strategy: str = NAME) -> tuple[dict[
 
 
 def test_a_strategys_own_state_survives_stop_and_resume_exactly(tmp_path: Path, single_process: None, capsys: pytest.CaptureFixture[str]) -> None:
-    from acc_train.metrics import read_metrics
+    from acc_train.outputs.metrics import read_metrics
 
     full, calls = _train(tmp_path / "run")
     assert calls == ["train_start"], "load_state_dict was called on a fresh run"

@@ -122,6 +122,7 @@ def test_plugins_prints_json_with_hooks_and_registrations() -> None:
     assert by_name["builtin"]["registered"] == {
         "checkpoint_formats": ["dcp"], "data_kinds": ["chat", "prompt_completion", "text"], "optimizers": ["adafactor", "adamw", "adamw_8bit", "sgd"],
         "trackers": ["aim", "clearml", "comet_ml", "dvclive", "mlflow", "swanlab", "tensorboard", "trackio", "wandb"],
+        "evaluators": ["eval_loss", "harness_tasks", "samples"],
     }  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Cluster launch (``acc_train.cluster``): the launch section filled from Slurm's and torchrun's
+"""Cluster launch (``acc_train.launch.cluster``): the launch section filled from Slurm's and torchrun's
 variables, the job's own keys winning, errors naming the variable, docs/cluster.md's scripts, and
 two faked "machines" on 127.0.0.1 under each environment training with a 2-process run's losses."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from acc_train.cluster import SLURM_PORT_BASE, detect_cluster, slurm_port
+from acc_train.launch.cluster import SLURM_PORT_BASE, detect_cluster, slurm_port
 from acc_train.errors import UserError
 from click.testing import CliRunner
 
@@ -352,7 +352,7 @@ def test_faked_slurm_and_torchrun_machines_on_loopback_train_like_a_2_process_ru
 
 
 def test_requeue_needs_resume_auto_and_scontrol_and_says_when_nothing_will_requeue(tmp_path: Path) -> None:
-    from acc_train.cluster import check_requeue, requeue_job
+    from acc_train.launch.cluster import check_requeue, requeue_job
 
     with pytest.raises(UserError) as err:
         check_requeue(None, {"SLURM_JOB_ID": "7"})

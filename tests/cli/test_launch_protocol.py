@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from acc_train import UserError, resolve_strategy
-from acc_train.launch_protocol import protocol_env, protocol_variables, shell_leftovers
+from acc_train.launch.protocol import protocol_env, protocol_variables, shell_leftovers
 from acc_train.strategy import Machine
 
 from tests.conftest import run_cli

@@ -95,7 +95,7 @@ def test_a_checkpoint_out_that_cannot_be_created_is_refused_before_any_work(
 
 
 def test_a_failed_convert_leaves_no_staging_directory_or_parent_behind(tmp_path: Path) -> None:
-    from acc_train.output_paths import new_directory
+    from acc_train.files.output_paths import new_directory
 
     out = tmp_path / "new" / "deeper" / "out"
     with pytest.raises(RuntimeError, match="disk full"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from acc_train import mfu as M
+from acc_train.outputs import device_peaks as P
 
 
 def test_the_command_probes_a_cpu_before_launch_for_the_runs_precision(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -17,9 +17,9 @@ def test_the_command_probes_a_cpu_before_launch_for_the_runs_precision(monkeypat
 
     monkeypatch.setenv("ACC_TRAIN_CACHE_DIR", str(tmp_path))
     probed: list[str] = []
-    monkeypatch.setattr(M, "_measure", lambda kind, precision, seconds: (probed.append(precision), (5e10, "fake"))[1])
+    monkeypatch.setattr(P, "_measure", lambda kind, precision, seconds: (probed.append(precision), (5e10, "fake"))[1])
     env = _peak_env(load_job(sets=["training.mixed_precision=no"]).config)
-    handed = json.loads(env[M.PEAK_ENV])
+    handed = json.loads(env[P.PEAK_ENV])
     assert (handed["device"], handed["precision"], handed["flops"]) == ("cpu", "fp32", 5e10) and probed == ["fp32"]
     env = _peak_env(load_job(sets=["training.mixed_precision=no", "model.dtype=bf16"]).config)  # pure bf16 computes in bf16
-    assert json.loads(env[M.PEAK_ENV])["precision"] == "bf16" and probed == ["fp32", "bf16"]
+    assert json.loads(env[P.PEAK_ENV])["precision"] == "bf16" and probed == ["fp32", "bf16"]

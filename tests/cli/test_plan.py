@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import cli_in_process as run_cli  # plan answers without workers: in this process
 
 DEMO_PSI = 1_426_752  # the demo model, as run.json counts it (BENCHMARKS.md)
 
@@ -127,7 +127,7 @@ def test_a_7b_model_is_planned_without_allocating_it(tmp_path: Path) -> None:
 
 
 def test_expected_tokens_per_s_at_a_given_mfu(tmp_path: Path) -> None:
-    from acc_train.mfu import model_flops_per_token
+    from acc_train.outputs.mfu import model_flops_per_token
 
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import cli_in_process, run_cli
 
 DEMO_PSI = 1_426_752  # the demo model's parameters (test_plan.py)
 
@@ -85,12 +85,12 @@ def test_a_step_that_does_not_fit_the_device_is_exit_2(simulated: tuple[int, dic
 
 
 def test_simulation_options_need_simulate() -> None:
-    proc = run_cli("plan", "--strategies", "fsdp2")
+    proc = cli_in_process("plan", "--strategies", "fsdp2")
     assert proc.returncode == 2 and "--simulate" in proc.stderr
 
 
 def test_plan_for_several_machines_needs_no_rendezvous_address() -> None:
-    proc = run_cli("plan", "--json", "--num-processes", "8", "--num-machines", "8", "--mixed-precision", "bf16")
+    proc = cli_in_process("plan", "--json", "--num-processes", "8", "--num-machines", "8", "--mixed-precision", "bf16")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["world_size"] == 64
 
@@ -101,19 +101,19 @@ def test_a_mesh_whose_tp_does_not_divide_the_heads_is_exit_2(tmp_path: Path) -> 
         "model_type": "llama", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
         "num_attention_heads": 32, "num_key_value_heads": 32,
     }))  # fmt: skip
-    proc = run_cli("plan", "--model", str(config), "--num-processes", "6", "--mesh", "shard=2,tp=3")
+    proc = cli_in_process("plan", "--model", str(config), "--num-processes", "6", "--mesh", "shard=2,tp=3")
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert "tp" in proc.stderr and "32" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_mesh_whose_product_is_not_the_world_is_exit_2() -> None:
-    proc = run_cli("plan", "--num-processes", "8", "--mesh", "replicate=3,shard=2")
+    proc = cli_in_process("plan", "--num-processes", "8", "--mesh", "replicate=3,shard=2")
     assert proc.returncode == 2 and "8 processes" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_wrap_policy_that_leaves_the_layers_unwrapped_is_exit_2() -> None:
     # the size policy's default (1e8 parameters) wraps none of the demo's layers: FSDP would gather the whole model at once
-    proc = run_cli("--strategy", "fsdp", "plan", "--num-processes", "4", "--set", "strategy.auto_wrap_policy=size")
+    proc = cli_in_process("--strategy", "fsdp", "plan", "--num-processes", "4", "--set", "strategy.auto_wrap_policy=size")
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert "strategy.auto_wrap_policy" in proc.stderr and "LlamaDecoderLayer" in proc.stderr and "min_num_params" in proc.stderr
     assert "Traceback" not in proc.stderr

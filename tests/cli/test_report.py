@@ -129,7 +129,7 @@ def test_a_damaged_harness_row_is_exit_2_naming_file_line_and_key(tmp_path: Path
     """A harness row of the wrong shape at any depth is refused where it is read, naming the file,
     the line and the key, so neither the summary nor a tracker meets a score that is not a number."""
     from acc_train.errors import UserError
-    from acc_train.metrics import read_metrics
+    from acc_train.outputs.metrics import read_metrics
 
     out = fake_run(tmp_path / "run")
     append_rows(out, bad, bad, HARNESS_ROW)
@@ -149,7 +149,7 @@ def test_harness_scores_are_shown_with_their_history(tmp_path: Path) -> None:
     result = report_in_process(out, "--no-png")
     assert result.exit_code == 0, result.output[-3000:]
     assert summary_of(result.output)["harness hellaswag"] == "acc 0.5000 (step 30); acc by evaluation: 0.2500 -> 0.5000"
-    from acc_train.metrics import read_metrics
+    from acc_train.outputs.metrics import read_metrics
 
     assert read_metrics(out).evals[-1].numbers() == {"harness/hellaswag/acc": 0.5, "harness/hellaswag/acc_stderr": 0.1}
 

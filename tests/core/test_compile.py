@@ -12,7 +12,7 @@ from acc_train import UserError
 from acc_train.config import load_job
 from acc_train.config.compile import COMPILE_MODES, DYNAMO_BACKENDS, DYNAMO_ENV_VARS
 from acc_train.config.resolve import check_config_file
-from acc_train.torch_compile import dynamo_plugin
+from acc_train.loop.torch_compile import dynamo_plugin
 from tests.cli.test_cli import assert_user_error
 from tests.conftest import run_cli
 from tests.core.test_plugin_contracts import Install, install  # noqa: F401 - the fixture

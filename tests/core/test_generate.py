@@ -1,4 +1,4 @@
-"""``acc_train.generate``: the completion streams through transformers' ``TextStreamer``, and
+"""``acc_train.evaluation.generate``: the completion streams through transformers' ``TextStreamer``, and
 what it emits adds up to the decoded completion."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from acc_train.generate import generate, text_stream
+from acc_train.evaluation.generate import generate, text_stream
 
 
 def test_the_byte_stream_skips_the_prompt_and_never_splits_a_character() -> None:

@@ -174,8 +174,8 @@ def test_the_demo_run_is_scored_on_its_bytes(tmp_path: Path) -> None:
     uses, in ``eval.harness_tasks`` (accepted before launch) and ``acc-train eval`` on the run,
     with the accuracy computed by hand on the bytes."""
     from acc_train.config import load_job
-    from acc_train.harness import check_job_harness
-    from acc_train.metrics import read_metrics
+    from acc_train.evaluation.harness import check_job_harness
+    from acc_train.outputs.metrics import read_metrics
     from acc_train.trainer import check_output_dir, train
 
     task = _byte_task(tmp_path)
@@ -204,10 +204,10 @@ def test_the_byte_tokenizer_reads_text_as_the_demo_trains_on_it() -> None:
     with replacement, as ``generate`` shows text; 256 bytes plus one special token."""
     import random
 
-    from acc_train.byte_tokenizer import byte_tokenizer
+    from acc_train.model.byte_tokenizer import byte_tokenizer
     from acc_train.config.model_data import DataConfig
     from acc_train.data.kinds import TextKind
-    from acc_train.prompt_text import decode_tokens, encode_prompt
+    from acc_train.model.prompt_text import decode_tokens, encode_prompt
 
     tokenizer = byte_tokenizer()
     texts = ["héllo\x00 wörld 🙂\n\tdef f(x): return x", "<|endoftext|> spelt out", " ", "Ā ĉ"]
@@ -247,8 +247,8 @@ def test_a_run_records_its_harness_scores(tiny_model_dir: Path, tiny_data: dict[
     """``eval.harness_tasks`` at every evaluation (steps 2 and 4) and after the last: rows in
     metrics.jsonl, run.json's last scores, the report's rows; the scores are the ones
     ``acc-train eval`` gives for the run's final model."""
-    from acc_train.metrics import read_metrics
-    from acc_train.report import format_summary, read_run
+    from acc_train.outputs.metrics import read_metrics
+    from acc_train.outputs.report import format_summary, read_run
 
     run = _train(tiny_model_dir, tiny_data, tmp_path / "harness", f"eval.harness_tasks=[{harness_task}]", "eval.harness_limit=12")
     rows = read_metrics(run)
@@ -260,12 +260,13 @@ def test_a_run_records_its_harness_scores(tiny_model_dir: Path, tiny_data: dict[
     assert harness[-1].numbers()["harness/tiny_words/acc"] == harness[-1].harness["tiny_words"]["acc"]  # what trackers get
     summary = json.loads((run / "run.json").read_text())
     assert summary["harness"] == harness[-1].harness and summary["harness_step"] == 4
+    assert summary["evaluations"]["harness_tasks"] == {"step": 4, "metrics": {"harness": harness[-1].harness}}  # as every evaluator's
     assert summary["final_eval_loss"] == pytest.approx(rows.evals[-2].eval_loss if rows.evals[-1].eval_loss is None else rows.evals[-1].eval_loss)
     report = format_summary(read_run(run))
     assert re.search(r"^harness tiny_words +acc \d\.\d{4} \(step 4\); acc by evaluation: \d\.\d{4} -> \d\.\d{4}$", report, flags=re.M), report
     assert "eval loss" in report and "- (step" not in report
     card = (run / "final" / "README.md").read_text()  # the model card names them
-    assert f"| benchmarks | lm-evaluation-harness after step 4: tiny_words acc {summary['harness']['tiny_words']['acc']:.4f} |" in card
+    assert f"| evaluation harness_tasks | after step 4: harness tiny_words acc {summary['harness']['tiny_words']['acc']:.4f} |" in card
     offline = acc_train("eval", str(run), "--tasks", str(harness_task), "--limit", "12")
     assert offline.exit_code == 0, offline.output
     assert scores_of(offline.stdout)["tiny_words"]["acc"] == pytest.approx(summary["harness"]["tiny_words"]["acc"], abs=1e-4)
@@ -280,7 +281,7 @@ def test_the_harness_leaves_the_random_generators_as_it_found_them(tiny_model_di
     import torch
     import transformers
 
-    from acc_train.harness import evaluate_tasks, harness_tasks
+    from acc_train.evaluation.harness import evaluate_tasks, harness_tasks
 
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).train()
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -347,7 +348,7 @@ def test_generate_until_tasks_generate_in_lockstep_on_several_ranks(
     import torch.distributed as dist
     import transformers
 
-    from acc_train.harness import evaluate_tasks, harness_tasks
+    from acc_train.evaluation.harness import evaluate_tasks, harness_tasks
     from tests.conftest import GENERATE_TASK_YAML
 
     task = tmp_path / "gen.yaml"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from acc_train.metrics import read_metrics
-from acc_train.report import format_summary, read_run
+from acc_train.outputs.metrics import read_metrics
+from acc_train.outputs.report import format_summary, read_run
 from tests.conftest import GENERATE_TASK_YAML, shared_runs, tiny_job_args
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("harness")]

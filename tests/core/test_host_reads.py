@@ -12,7 +12,7 @@ Allowed, by name, are reads of tensors that stay on the CPU on a GPU machine too
 library's own checks that its hand-written loop makes as well:
 
 - ``torch/optim``: the optimizer's step counters (``state["step"]``, CPU tensors by default);
-- ``acc_train/stop_signals.py``: the ranks' stop flags, host tensors all-reduced over gloo;
+- ``acc_train/launch/stop_signals.py``: the ranks' stop flags, host tensors all-reduced over gloo;
 - ``deepspeed/runtime/utils.py``: DeepSpeed's overflow check of the gradient norm
   (``is_invalid_grad_norm``), which ``engine.step()`` makes under any loop;
 - ``deepspeed/runtime/zero/``: ZeRO-3's checks that the ranks agree on the parameters they
@@ -106,7 +106,7 @@ def acc_train_step_end(run, step, metrics):
 '''
 
 #: where reads of tensors that stay on the host (or DeepSpeed's own overflow check) come from
-ALLOWED = ("torch/optim/", "acc_train/stop_signals.py", "deepspeed/runtime/utils.py", "deepspeed/runtime/zero/")
+ALLOWED = ("torch/optim/", "acc_train/launch/stop_signals.py", "deepspeed/runtime/utils.py", "deepspeed/runtime/zero/")
 
 
 def install_probe(folder: Path) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from acc_train.errors import EXIT_USER_ERROR
-from acc_train.launcher import _failure_report
+from acc_train.launch.launcher import _failure_report
 
 
 def _failure(tmp_path: Path, exitcode: int, message: str):
@@ -40,7 +40,7 @@ def test_a_crash_is_reported_with_its_rank_and_trace(tmp_path: Path) -> None:
 def test_shutdown_timeout_is_passed_where_torch_has_it_and_refused_where_it_is_fixed(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch 2.11 (the GPU image's) has no LaunchConfig.shutdown_timeout and always waits 30 s:
     the default launches there; another value is exit 2 naming the key, not a TypeError."""
-    from acc_train import launcher
+    from acc_train.launch import launcher
     from acc_train.config import LaunchConfig as LaunchSection
     from acc_train.errors import UserError
 
@@ -62,7 +62,7 @@ def test_the_command_refuses_it_before_anything_is_written(tmp_path: Path) -> No
 
     out = tmp_path / "run"
     code = (
-        "import acc_train.launcher as launcher\n"
+        "import acc_train.launch.launcher as launcher\n"
         "launcher._has_shutdown_timeout = lambda: False\n"
         "from acc_train_cli.main import cli\n"
         f"cli.main(['--output-dir', {str(out)!r}, '--max-steps', '1', '--set', 'launch.shutdown_timeout=45'], prog_name='acc-train')\n"

@@ -1,4 +1,4 @@
-"""What :func:`acc_train.launched.adopt_accelerate` does to the Accelerators of a program run
+"""What :func:`acc_train.launch.launched.adopt_accelerate` does to the Accelerators of a program run
 unchanged, in one process (the 2-process runs are in tests/cli/test_unchanged_programs.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from acc_train import UserError, resolve_strategy
-from acc_train.launched import adopt_accelerate
+from acc_train.launch.launched import adopt_accelerate
 from acc_train.strategy import Machine
 
 

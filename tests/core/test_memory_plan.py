@@ -10,7 +10,7 @@ import pytest
 
 from acc_train import Strategy, hookimpl, plugins
 from acc_train.config import load_job
-from acc_train.memory_plan import MemoryPlan, PlanInput
+from acc_train.memory.plan import MemoryPlan, PlanInput
 
 
 @pytest.fixture(autouse=True)
@@ -117,7 +117,7 @@ def test_the_activation_estimate_counts_what_autograd_keeps(tmp_path: Any, famil
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from acc_train.memory_plan import activation_bytes, layer_activation_bytes, model_shape
+    from acc_train.memory.plan import activation_bytes, layer_activation_bytes, model_shape
 
     s, b, vocab = 128, 2, 1000
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -142,7 +142,7 @@ def test_the_activation_estimate_counts_what_autograd_keeps(tmp_path: Any, famil
 
 def test_eager_attention_keeps_the_fp32_softmax_and_its_cast() -> None:
     """The score term alone: what eager keeps beyond sdpa per score, by precision and options."""
-    from acc_train.memory_plan import attention_score_factor
+    from acc_train.memory.plan import attention_score_factor
 
     assert attention_score_factor("sdpa") == attention_score_factor("flash_attention_2", 0.1) == 0
     assert attention_score_factor("eager", precision="bf16") == 6 and attention_score_factor("eager", precision="no") == 4
@@ -166,7 +166,7 @@ def test_zero3_counts_the_mixture_of_experts_weights_autograd_pins(tmp_path: Any
     import json
 
     from acc_train.config import resolve_strategy
-    from acc_train.memory_plan import model_shape
+    from acc_train.memory.plan import model_shape
     from acc_train_cli.plan import build_plan
 
     (tmp_path / "config.json").write_text(json.dumps(TINY_MIXTRAL))

@@ -13,7 +13,7 @@ import pytest
 
 from acc_train.config import load_job
 from acc_train.errors import UserError
-from acc_train.model import check_attn_implementation, check_model_builds, enable_gradient_checkpointing
+from acc_train.model.build import check_attn_implementation, check_model_builds, enable_gradient_checkpointing
 from tests.conftest import run_cli
 
 TINY = "model.config={hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 2}"
@@ -100,7 +100,7 @@ def test_the_command_refuses_flash_attention_on_this_cpu_machine_with_exit_2(tmp
 def _train_in_process(out: Path, *sets: str) -> dict[str, Any]:
     from accelerate.state import AcceleratorState, GradientState
 
-    from acc_train.metrics import read_metrics
+    from acc_train.outputs.metrics import read_metrics
     from acc_train.trainer import check_output_dir, train
 
     job = load_job(

@@ -1,4 +1,4 @@
-"""``acc_train.metrics``: the one reader of ``metrics.jsonl`` and what a row of it is."""
+"""``acc_train.outputs.metrics``: the one reader of ``metrics.jsonl`` and what a row of it is."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from acc_train.metrics import MetricsRow, read_metrics
+from acc_train.outputs.metrics import MetricsRow, read_metrics
 
 
 def test_rows_are_told_apart_once_and_keep_what_plugins_added(tmp_path: Path) -> None:

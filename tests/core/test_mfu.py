@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from acc_train import mfu as M
+from acc_train.outputs import device_peaks as P
+from acc_train.outputs import mfu as M
 
 TINY = {
     "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -60,7 +61,7 @@ def test_flops_per_token_of_llama_3_8b_matches_torchtitan() -> None:
 def test_lora_frozen_parameters_cost_forward_and_activation_gradient(tiny_model_dir: Path) -> None:
     import transformers
 
-    from acc_train.adapters import apply_lora
+    from acc_train.model.adapters import apply_lora
     from acc_train.config import load_job
 
     cfg = load_job(sets=[f"model.name_or_path={tiny_model_dir}", "model.lora.r=4", "model.lora.target_modules=[q_proj, v_proj]"]).config
@@ -103,31 +104,31 @@ def test_lora_frozen_parameters_cost_forward_and_activation_gradient(tiny_model_
     ],
 )
 def test_peak_table_by_device_name(name: str, precision: str, flops: float) -> None:
-    peak, source = M.device_peak_flops(name, precision)
+    peak, source = P.device_peak_flops(name, precision)
     assert peak == flops
     assert "datasheet" in source and name in source and precision in source
 
 
 def test_a_device_outside_the_table_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="NVIDIA GeForce GTX 1080"):
-        M.device_peak_flops("NVIDIA GeForce GTX 1080", "bf16")
+        P.device_peak_flops("NVIDIA GeForce GTX 1080", "bf16")
     with pytest.raises(ValueError, match="unknown precision"):
-        M.device_peak_flops("NVIDIA H100", "int8")
+        P.device_peak_flops("NVIDIA H100", "int8")
 
 
 def test_fp32_on_a_gpu_is_tf32_or_fp32_by_torchs_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    monkeypatch.setattr(M, "_device_name", lambda device: ("cuda", "NVIDIA H100 80GB HBM3"))
+    monkeypatch.setattr(P, "_device_name", lambda device: ("cuda", "NVIDIA H100 80GB HBM3"))
     before = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
-        assert M._tf32_on()
-        peak, source = M.device_peak_flops("cuda", "no")
+        assert P._tf32_on()
+        peak, source = P.device_peak_flops("cuda", "no")
         assert peak == 494.5e12 and "TF32 matmul on" in source
         torch.backends.cuda.matmul.allow_tf32 = False
-        assert not M._tf32_on()
-        peak, source = M.device_peak_flops("cuda", "no")
+        assert not P._tf32_on()
+        peak, source = P.device_peak_flops("cuda", "no")
         assert peak == 67e12 and "TF32 matmul off" in source
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
@@ -141,12 +142,12 @@ def test_the_probe_measures_once_per_machine_and_precision(monkeypatch: pytest.M
         calls.append((kind, precision))
         return 123e9, "fake"
 
-    monkeypatch.setattr(M, "_measure", measure)
-    first, source = M.device_peak_flops("cpu", "no")
+    monkeypatch.setattr(P, "_measure", measure)
+    first, source = P.device_peak_flops("cpu", "no")
     assert first == 123e9 and "measured now" in source and calls == [("cpu", "fp32")]
-    again, source = M.device_peak_flops("cpu", "fp32")
+    again, source = P.device_peak_flops("cpu", "fp32")
     assert again == first and "cached in" in source and len(calls) == 1
-    M.device_peak_flops("cpu", "bf16")  # another precision: measured
+    P.device_peak_flops("cpu", "bf16")  # another precision: measured
     assert calls[-1] == ("cpu", "bf16") and len(calls) == 2
     entries = json.loads((tmp_path / "cache" / "peak_flops.json").read_text())
     assert {e["precision"] for e in entries.values()} == {"fp32", "bf16"}
@@ -154,30 +155,30 @@ def test_the_probe_measures_once_per_machine_and_precision(monkeypatch: pytest.M
     import torch
 
     monkeypatch.setattr(torch, "__version__", "0.0.0-other")  # another torch: measured again
-    M.device_peak_flops("cpu", "no")
+    P.device_peak_flops("cpu", "no")
     assert len(calls) == 3
     (tmp_path / "cache" / "peak_flops.json").write_text("not json")  # a damaged cache is measured over
-    assert M.device_peak_flops("cpu", "no")[0] == 123e9 and len(calls) == 4
+    assert P.device_peak_flops("cpu", "no")[0] == 123e9 and len(calls) == 4
 
 
 def test_the_real_probe_measures_a_plausible_cpu_peak(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ACC_TRAIN_CACHE_DIR", str(tmp_path))
-    flops, how = M.probe_peak_flops("cpu", "fp32", seconds=0.3)
+    flops, how = P.probe_peak_flops("cpu", "fp32", seconds=0.3)
     assert 1e9 < flops < 1e14, flops  # more than a GFLOP/s, less than any CPU's 100 TFLOP/s
     assert "threads" in how and "measured now" in how
-    assert M.probe_peak_flops("cpu", "fp32", seconds=0.3) == (flops, M.probe_peak_flops("cpu", "fp32")[1])
+    assert P.probe_peak_flops("cpu", "fp32", seconds=0.3) == (flops, P.probe_peak_flops("cpu", "fp32")[1])
 
 
 def test_the_launcher_hands_its_peak_to_workers_of_the_same_precision(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ACC_TRAIN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(M, "_measure", lambda kind, precision, seconds: (7e10, "fake"))
-    env = M.peak_for_workers("cpu", "no")
-    monkeypatch.setenv(M.PEAK_ENV, env[M.PEAK_ENV])
-    monkeypatch.setattr(M, "_measure", lambda *a: pytest.fail("a worker probed"))
-    assert M.peak_from_env("cpu", "fp32")[0] == 7e10
-    assert M.peak_from_env("cpu", "bf16") is None and M.peak_from_env("cuda", "fp32") is None
-    monkeypatch.setenv(M.PEAK_ENV, "{broken")
-    assert M.peak_from_env("cpu", "fp32") is None
+    monkeypatch.setattr(P, "_measure", lambda kind, precision, seconds: (7e10, "fake"))
+    env = P.peak_for_workers("cpu", "no")
+    monkeypatch.setenv(P.PEAK_ENV, env[P.PEAK_ENV])
+    monkeypatch.setattr(P, "_measure", lambda *a: pytest.fail("a worker probed"))
+    assert P.peak_from_env("cpu", "fp32")[0] == 7e10
+    assert P.peak_from_env("cpu", "bf16") is None and P.peak_from_env("cuda", "fp32") is None
+    monkeypatch.setenv(P.PEAK_ENV, "{broken")
+    assert P.peak_from_env("cpu", "fp32") is None
 
 
 def test_mfu_is_model_flops_over_peak() -> None:

@@ -16,7 +16,7 @@ from acc_train.config import load_job
 from acc_train.config.optimizer import check_optimizer, optimizer_kind
 from acc_train.config.schema import JobConfig, OptimizerConfig
 from acc_train.errors import UserError
-from acc_train.optimizer import BUILTIN_OPTIMIZERS
+from acc_train.model.optimizer import BUILTIN_OPTIMIZERS
 from acc_train.strategy import Machine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,7 +228,7 @@ def test_the_hooks_page_example_optimizer_works_as_a_plugin() -> None:
 
 # --- acc-train plan --------------------------------------------------------------------------------
 def test_the_plan_counts_the_optimizers_state() -> None:
-    from acc_train.memory_plan import PlanInput, replicated
+    from acc_train.memory.plan import PlanInput, replicated
 
     sgd = OptimizerConfig(name="sgd")
     bytes_of = {

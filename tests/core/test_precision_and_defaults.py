@@ -13,7 +13,7 @@ import pytest
 from acc_train.config import load_job
 from acc_train.config.schema import DEMO_EVAL_FRACTION, FINE_TUNE_DEFAULTS
 from acc_train.errors import UserError
-from acc_train.model_state import dtype_name
+from acc_train.memory.state import dtype_name
 from tests.conftest import run_cli
 
 
@@ -31,7 +31,7 @@ def test_the_bf16_checkpoint_is_stored_in_bf16(tiny_bf16_model_dir: Path) -> Non
 
 @pytest.mark.parametrize(("dtype", "held"), [("auto", "float32"), ("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16")])
 def test_parameters_are_held_in_model_dtype_whatever_the_storage(tiny_bf16_model_dir: Path, tiny_model_dir: Path, dtype: str, held: str) -> None:
-    from acc_train.model import build_model
+    from acc_train.model.build import build_model
 
     for stored in (tiny_bf16_model_dir, tiny_model_dir):
         model = build_model(_job(f"model.name_or_path={stored}", f"model.dtype={dtype}").config)
@@ -39,7 +39,7 @@ def test_parameters_are_held_in_model_dtype_whatever_the_storage(tiny_bf16_model
 
 
 def test_the_demo_model_follows_model_dtype_too() -> None:
-    from acc_train.model import build_model
+    from acc_train.model.build import build_model
 
     small = "model.config={hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2}"
     assert dtype_name(build_model(_job(small).config).parameters()) == "float32"

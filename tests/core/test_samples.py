@@ -16,8 +16,8 @@ import pytest
 from acc_train.config.evaluation import EvalConfig
 from acc_train.errors import UserError
 from acc_train.loop.samples import complete
-from acc_train.prompt_text import check_prompts, encode_prompt
-from acc_train.samples_file import SAMPLES_FILE, append_rows, read_samples, start_samples_file
+from acc_train.model.prompt_text import check_prompts, encode_prompt
+from acc_train.outputs.samples_file import SAMPLES_FILE, append_rows, read_samples, start_samples_file
 from tests.conftest import run_cli, tiny_job_args
 from tests.data.conftest import CHATML, train_tokenizer
 
@@ -159,7 +159,7 @@ def test_report_shows_the_last_evaluation_and_one_prompt_across_steps(tmp_path: 
         "  step 3  a time there",
         "          was",
     ]
-    from acc_train.report import format_samples, read_run
+    from acc_train.outputs.report import format_samples, read_run
 
     with pytest.raises(UserError, match=r"no samples of prompt 2") as missing:
         format_samples(read_run(run), prompt=2)

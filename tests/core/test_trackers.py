@@ -1,7 +1,7 @@
 """Trackers that know their run: ``training.tracker`` (project, run name, init_kwargs), checked
 strictly, and a resumed launch that logs to the same W&B, MLflow and TensorBoard run.
 
-The pure parts (the schema, :func:`acc_train.trackers.plan_trackers`, the identity file) are
+The pure parts (the schema, :func:`acc_train.outputs.trackers.plan_trackers`, the identity file) are
 tested without launching; one run launched twice (one process each) checks the rest offline:
 W&B in offline mode, MLflow with a local file store.
 """
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from acc_train.config import load_job
 from acc_train.errors import UserError
-from acc_train.samples_file import read_samples
-from acc_train.trackers import TRACKERS_FILE, TrackerConfig, TrackerPlan, default_run_name, plan_trackers, record_runs
+from acc_train.outputs.samples_file import read_samples
+from acc_train.outputs.trackers import TRACKERS_FILE, TrackerConfig, TrackerPlan, default_run_name, plan_trackers, record_runs
 
 from tests.conftest import read_metrics, run_cli, stopped_copy, tiny_job_args
 
@@ -273,7 +273,7 @@ def test_tensorboard_hides_the_steps_the_resumed_launch_redid(tracked_runs: dict
 
 
 def test_a_tracker_that_cannot_start_is_a_user_error_naming_report_to(tmp_path: Path) -> None:
-    from acc_train.trackers import start_trackers
+    from acc_train.outputs.trackers import start_trackers
 
     def init_trackers(project: str, init_kwargs: dict[str, Any]) -> None:
         raise ModuleNotFoundError("No module named 'sqlalchemy'")  # mlflow-skinny's default store, sqlite

@@ -11,7 +11,7 @@ import pytest
 
 from acc_train import hookimpl, plugins
 from acc_train.config import load_job
-from acc_train.metrics import read_metrics
+from acc_train.outputs.metrics import read_metrics
 from acc_train.trainer import check_output_dir, train
 from tests.conftest import assert_model_card
 
@@ -104,9 +104,10 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
     assert model.config.vocab_size == 256 and model.config.hidden_size == 32
     assert assert_model_card(out, "ddp").get("base_model") is None  # the demo model: no base
     # acc-train generate's path: the demo model reads and writes bytes; greedy is deterministic
-    from acc_train.generate import generate, load_for_generation
+    from acc_train.evaluation.generate import generate
+    from acc_train.evaluation.trained import load_trained_model
 
-    loaded, tokenizer, source = load_for_generation(str(out))
+    loaded, tokenizer, source = load_trained_model(str(out))
     assert tokenizer is None and source == str(out / "final")
     pieces: list[str] = []
     first = generate(loaded, tokenizer, "import ", max_new_tokens=6, emit=pieces.append)
@@ -124,7 +125,7 @@ def test_demo_job_trains_fires_hooks_in_order_and_exports_a_transformers_model(t
 
     report = CliRunner().invoke(cli, ["report", str(out), "--no-png"])
     assert report.exit_code == 0 and "samples at step 6 (samples.jsonl):" in report.stdout, report.output[-2000:]
-    from acc_train.report import format_samples, read_run
+    from acc_train.outputs.report import format_samples, read_run
 
     assert format_samples(read_run(out)) in report.stdout
     assert "      -> " + rows[-1]["completion"].replace("\n", "\n" + " " * 9) in report.stdout

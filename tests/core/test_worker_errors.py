@@ -24,7 +24,7 @@ def test_error_file_is_written_whole_and_read_back_by_the_agent(tmp_path: Path, 
     assert data["message"]["message"] == "RuntimeError: rank 1 went away"
     assert "rank 1 went away" in data["message"]["extraInfo"]["py_callstack"]
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(error_file))  # as the agent reads it
-    assert failure.message["message"] == "RuntimeError: rank 1 went away"  # what acc_train.launcher shows
+    assert failure.message["message"] == "RuntimeError: rank 1 went away"  # what acc_train.launch.launcher shows
 
 
 def test_a_finished_rank_flushes_its_files_without_torchs_deprecation_warning(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from acc_train.yaml_loader import MAX_ALIAS_EXPANSION, MAX_DEPTH, YamlRefused, load_yaml
+from acc_train.files.yaml_loader import MAX_ALIAS_EXPANSION, MAX_DEPTH, YamlRefused, load_yaml
 
 
 def test_yaml_as_people_write_it() -> None:

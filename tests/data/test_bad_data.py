@@ -131,7 +131,7 @@ def test_parquet_columns_and_rows_are_checked(tmp_path: Path) -> None:
 def test_a_chat_row_checks_with_the_templated_tokenizer_in_process(tmp_path: Path, tiny_model_dir: Path) -> None:
     """A good chat job passes every check before launch (the tokenizer's too)."""
     from acc_train.data import data_kind
-    from acc_train.model import load_tokenizer
+    from acc_train.model.build import load_tokenizer
     from acc_train.config import ModelConfig
 
     model = tmp_path / "model"

@@ -77,7 +77,7 @@ def test_flash_attention_is_given_varlen_keywords_not_a_mask() -> None:
 def test_architectures_whose_layers_carry_state_across_examples(model_type: str, carries: str | None) -> None:
     import transformers
 
-    from acc_train.model import recurrent_layers
+    from acc_train.model.build import recurrent_layers
 
     found = recurrent_layers(transformers.AutoConfig.for_model(model_type))
     assert (found is None) if carries is None else (carries in found)
@@ -89,7 +89,7 @@ def test_packing_for_a_model_that_cannot_honour_boundaries_is_refused() -> None:
     from acc_train.api import packs_rows
     from acc_train.config import load_job
     from acc_train.errors import UserError
-    from acc_train.model import check_packing_boundaries
+    from acc_train.model.build import check_packing_boundaries
 
     qwen3_next = transformers.AutoConfig.for_model("qwen3_next")
     check_packing_boundaries(qwen3_next, packs_rows(load_job(None, {}, ["data.kind=prompt_completion"]).config.data))  # padded: fine

@@ -29,7 +29,7 @@ def load_check():
 
 
 def has_mfu_module() -> bool:
-    return importlib.util.find_spec("acc_train.mfu") is not None
+    return importlib.util.find_spec("acc_train.outputs.mfu") is not None
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_the_rows_train_the_same_job(rehearsal: dict) -> None:
 @pytest.mark.launch
 @pytest.mark.xdist_group("device-check")  # one worker shares the rehearsal
 def test_mfu_is_reported_or_its_absence_is_the_rows_error(rehearsal: dict) -> None:
-    """With acc_train.mfu (issue 26's item 1) every row has an MFU in (0, 1); without it the
+    """With acc_train.outputs.mfu (issue 26's item 1) every row has an MFU in (0, 1); without it the
     hand-written row says so in its error (and keeps its other figures), and the check fails."""
     rows, proc = rehearsal["rows"], rehearsal["proc"]
     if has_mfu_module():
@@ -111,7 +111,7 @@ def test_mfu_is_reported_or_its_absence_is_the_rows_error(rehearsal: dict) -> No
             assert 0 < rows[name]["mfu"] < 1, (name, rows[name])
         assert proc.returncode == 0, proc.stdout[-3000:]
     else:
-        assert "acc_train.mfu" in rows["handwritten"]["error"]
+        assert "acc_train.outputs.mfu" in rows["handwritten"]["error"]
         assert rows["handwritten"]["mfu"] is None
         assert proc.returncode == 1, proc.stdout[-3000:]
 

@@ -33,7 +33,7 @@ def test_adamw_is_fused_on_cuda_and_steps_there() -> None:
     import torch
 
     from acc_train.config.schema import OptimizerConfig
-    from acc_train.optimizer import AdamW
+    from acc_train.model.optimizer import AdamW
 
     p = torch.nn.Parameter(torch.ones(4, 4, device="cuda"))
     kind = AdamW()
@@ -77,7 +77,7 @@ def test_flash_attention_2_needs_its_package_on_a_gpu() -> None:
 
     from acc_train.config.schema import ModelConfig
     from acc_train.errors import UserError
-    from acc_train.model import check_attn_implementation
+    from acc_train.model.build import check_attn_implementation
 
     mcfg = ModelConfig(attn_implementation="flash_attention_2")
     if importlib.util.find_spec("flash_attn") is None:

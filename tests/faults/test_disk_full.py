@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from acc_train.disk_full import DiskFullError, disk_full, disk_full_error
-from acc_train.run_lock import LOCK_NAME, run_lock
+from acc_train.files.disk_full import DiskFullError, disk_full, disk_full_error
+from acc_train.outputs.run_lock import LOCK_NAME, run_lock
 
 from tests.conftest import assert_same_losses, read_metrics, reference_args, run_cli
 

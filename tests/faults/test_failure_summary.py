@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from acc_train.launcher import _failure_report
+from acc_train.launch.launcher import _failure_report
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 

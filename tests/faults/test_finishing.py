@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from acc_train.output_paths import replace_directory
+from acc_train.files.output_paths import replace_directory
 
 from tests.conftest import cli_in_process, reference_args, run_cli
 

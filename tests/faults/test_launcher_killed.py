@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from acc_train.launch_files import LAUNCHES_DIR
+from acc_train.launch.scratch import LAUNCHES_DIR
 
 from tests.conftest import run_cli, tiny_job_args
 

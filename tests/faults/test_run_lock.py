@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 from acc_train import UserError
-from acc_train.run_lock import LOCK_NAME, run_lock
+from acc_train.outputs.run_lock import LOCK_NAME, run_lock
 
 from tests.conftest import cli_in_process, read_metrics, tiny_job_args
 

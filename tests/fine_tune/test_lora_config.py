@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from acc_train.adapters import adapter_manifest, apply_lora, check_adapters_match
+from acc_train.model.adapters import adapter_manifest, apply_lora, check_adapters_match
 from acc_train.config import load_job
 from acc_train.errors import UserError
 from tests.conftest import cli_in_process, tiny_job_args

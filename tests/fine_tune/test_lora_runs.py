@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from acc_train.samples_file import read_samples
+from acc_train.outputs.samples_file import read_samples
 from tests.conftest import SAMPLE_ARGS, assert_model_card, read_metrics, run_cli, same_samples, shared_runs, stopped_copy, tiny_job_args
 
 pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("lora")]

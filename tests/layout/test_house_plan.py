@@ -50,6 +50,35 @@ def test_no_core_module_exceeds_the_size_of_one_job() -> None:
     assert not too_big, f"core modules over {MAX_CORE_MODULE_LINES} lines (make each a package of small modules): {too_big}"
 
 
+
+#: core's root holds the modules a newcomer reads first; everything else lives in a package by concern
+MAX_CORE_ROOT_MODULES = 15
+
+
+def test_core_root_is_grouped_by_concern() -> None:
+    root = sorted(p.name for p in CORE.glob("*.py"))
+    assert len(root) <= MAX_CORE_ROOT_MODULES, f"{len(root)} modules at core's root (at most {MAX_CORE_ROOT_MODULES}): {root}"
+
+
+def test_the_lower_layers_protocols_describe_what_they_are_handed() -> None:
+    """Lower layers are typed against acc_train.contracts.protocols (so no TYPE_CHECKING import climbs a
+    layer); the objects the upper layers hand them must really have those members."""
+    from types import SimpleNamespace
+
+    from acc_train.config import load_job
+    from acc_train.contracts.protocols import JobConfigView, JobView, MachineView, RunView
+    from acc_train.run import RunContext
+    from acc_train.strategy import Machine
+
+    job = load_job()
+    assert isinstance(job.config, JobConfigView)
+    assert isinstance(job, JobView)
+    assert isinstance(Machine(device_type="cpu", world_size=2), MachineView)
+    run = RunContext(job=job, accelerator=SimpleNamespace(is_main_process=True), output_dir=Path("out"), max_steps=1)  # type: ignore[arg-type]
+    assert isinstance(run, RunView)
+    for name in RunView.__annotations__:  # dataclass fields, not only what isinstance sees
+        assert name in RunContext.__dataclass_fields__, name
+
 #: the one place core names strategies on purpose: which package to install for a missing one
 HINT_TABLE = "KNOWN_STRATEGY_PACKAGES"
 

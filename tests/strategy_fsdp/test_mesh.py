@@ -222,7 +222,7 @@ def test_fsdp_options_are_refused_where_tensor_parallelism_runs_alone() -> None:
 
 
 def test_the_plan_splits_activations_over_tp() -> None:
-    from acc_train.memory_plan import ModelShape, layer_activation_bytes
+    from acc_train.memory.plan import ModelShape, layer_activation_bytes
 
     proc = cli_in_process("plan", "--num-processes", "4", "--mesh", "shard=2,tp=2", "--json", "--mixed-precision", "no")
     assert proc.returncode == 0, proc.stderr

@@ -23,7 +23,7 @@ def _warn(message: str) -> None:
 
 
 def _tools() -> ModuleType:
-    """Core's checkpoint tools (``inspect_checkpoint``, ``convert_checkpoint``, ``export_checkpoint``)."""
+    """Core's checkpoint tools (``inspect_checkpoint``, ``convert_checkpoint``)."""
     import acc_train.checkpoint_tools as tools  # the CLI's one import of them
 
     return tools
@@ -86,7 +86,9 @@ def checkpoint_export(path: str, to: str, merge: bool, out: str) -> None:
     A LoRA checkpoint (model.lora) is written as the adapter directory PEFT loads onto its base
     model (PeftModel.from_pretrained), or with --merge as the base model with the adapters
     merged into its weights, which transformers loads alone."""
-    target, adapter = _tools().export_checkpoint(path, to, out, warn=_warn, merge=merge)
+    from acc_train.evaluation.export import export_checkpoint
+
+    target, adapter = export_checkpoint(path, to, out, warn=_warn, merge=merge)
     if adapter:
         click.echo(f"exported -> {target} (LoRA adapters: PeftModel.from_pretrained(base_model, {str(target)!r}) loads them)")
     else:

@@ -43,7 +43,7 @@ def _several_machines(answers: Mapping[str, Any]) -> bool:
 
 def _core_questions(registry: Any) -> list[Any]:
     """Machine set-up, precision and strategy: keyed by full dotted config paths."""
-    from acc_train.questions import Question
+    from acc_train.contracts.questions import Question
     from acc_train.strategy import DEFAULT_STRATEGY
 
     names = registry.names()
@@ -85,7 +85,7 @@ def _to_config(answers: Mapping[str, Any]) -> dict[str, Any]:
 def _ask(question: Any, default: Any, check: Callable[[Any], list[str]], assume_yes: bool) -> Any:
     """One answer: parsed, validated, asked again with the reason until it is valid."""
     from acc_train.errors import UserError
-    from acc_train.questions import parse_answer, show_answer
+    from acc_train.contracts.questions import parse_answer, show_answer
 
     shown = show_answer(question, default)
 
@@ -150,7 +150,7 @@ def run_wizard(assume_yes: bool = False) -> dict[str, Any]:
     """Ask every question; the answers as config sections (valid by construction)."""
     from acc_train.errors import PluginError, UserError
     from acc_train.plugins import get_plugin_manager, strategies
-    from acc_train.questions import Question
+    from acc_train.contracts.questions import Question
 
     registry = strategies()
     if not registry.primary():

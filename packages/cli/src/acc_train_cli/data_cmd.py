@@ -33,7 +33,7 @@ def prepare(ctx: click.Context, as_json: bool, **params: Any) -> None:
     from acc_train.api import packs_rows
     from acc_train.data import check_data_files, prepare_data
     from acc_train.errors import UserError
-    from acc_train.model import check_model_builds, check_model_path, load_tokenizer
+    from acc_train.model.build import check_model_builds, check_model_path, load_tokenizer
 
     cfg = job.config
     if not cfg.data.train_files:

@@ -30,7 +30,7 @@ def user_errors(f: Callable[..., Any]) -> Callable[..., Any]:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_USER_ERROR)
         except Exception as exc:
-            from acc_train.disk_full import disk_full_error
+            from acc_train.files.disk_full import disk_full_error
 
             full = disk_full_error(exc)  # a full disk anywhere (the data cache, a launch's files): one message
             if full is None:

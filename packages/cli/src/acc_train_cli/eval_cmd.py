@@ -1,5 +1,5 @@
 """``acc-train eval RUN_OR_CHECKPOINT --tasks NAME[,NAME...]``: benchmark tasks through
-lm-evaluation-harness on what a run trained (:mod:`acc_train.harness`). Only click is imported
+lm-evaluation-harness on what a run trained (:mod:`acc_train.evaluation.harness`). Only click is imported
 at module level."""
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ def eval_command(path: str, tasks: str, include_path: str | None, limit: int | N
     import json
     from pathlib import Path
 
-    from acc_train.generate import load_for_generation
-    from acc_train.harness import evaluate_tasks, harness_tasks, require_lm_eval, score_lines
+    from acc_train.evaluation.harness import evaluate_tasks, harness_tasks, require_lm_eval, score_lines
+    from acc_train.evaluation.trained import load_trained_model
 
     require_lm_eval("acc-train eval")
     names = [name.strip() for name in tasks.split(",") if name.strip()]
     resolved = harness_tasks(names, include_path, "--tasks", include_path_where="--include-path")  # before the model loads
-    model, tokenizer, source = load_for_generation(path)
+    model, tokenizer, source = load_trained_model(path)
     click.echo(f"model: {source}", err=True)
     import torch
 

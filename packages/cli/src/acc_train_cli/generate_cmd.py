@@ -1,5 +1,5 @@
 """``acc-train generate RUN_OR_CHECKPOINT --prompt TEXT``: a quick look at what a run trained
-(:mod:`acc_train.generate`). Only click is imported at module level."""
+(:mod:`acc_train.evaluation.generate`). Only click is imported at module level."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ def generate(path: str, prompts: tuple[str, ...], chat: bool, max_new_tokens: in
     strategy and world size (LoRA adapters applied), or a save_pretrained directory."""
     import sys
 
-    from acc_train.generate import generate as complete
-    from acc_train.generate import load_for_generation
+    from acc_train.evaluation.generate import generate as complete
+    from acc_train.evaluation.trained import load_trained_model
 
-    model, tokenizer, source = load_for_generation(path)
+    model, tokenizer, source = load_trained_model(path)
     click.echo(f"model: {source}", err=True)
 
     def emit(text: str) -> None:

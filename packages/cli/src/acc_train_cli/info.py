@@ -41,12 +41,12 @@ def strategies() -> None:
 @user_errors
 def plugins() -> None:
     """Print loaded plugins, their hooks and what they registered, as JSON."""
-    from acc_train.plugins import checkpoint_formats, data_kinds, optimizers, plugin_failures, plugin_infos, strategies as s_reg, trackers, wrap_policies
+    from acc_train.plugins import checkpoint_formats, data_kinds, evaluators, optimizers, plugin_failures, plugin_infos, strategies as s_reg, trackers, wrap_policies
 
     registered: dict[str, dict[str, list[str]]] = {}
     registries = (
         ("strategies", s_reg()), ("wrap_policies", wrap_policies()), ("checkpoint_formats", checkpoint_formats()),
-        ("data_kinds", data_kinds()), ("optimizers", optimizers()), ("trackers", trackers()),
+        ("data_kinds", data_kinds()), ("optimizers", optimizers()), ("trackers", trackers()), ("evaluators", evaluators()),
     )  # fmt: skip
     for kind, reg in registries:
         for obj, owner in reg.primary():
@@ -115,9 +115,9 @@ def env() -> None:
 
 
 def _cluster_lines() -> dict[str, str]:
-    """What ``acc_train.cluster`` detects here: the launch keys the environment would fill
+    """What ``acc_train.launch.cluster`` detects here: the launch keys the environment would fill
     (a job's config and flags still win over it)."""
-    from acc_train.cluster import detect_cluster
+    from acc_train.launch.cluster import detect_cluster
     from acc_train.errors import UserError
 
     try:

@@ -100,13 +100,13 @@ def merge_parent_params(ctx: click.Context, params: Mapping[str, Any]) -> dict[s
 
 def resolve_job(params: Mapping[str, Any], extra_flags: Mapping[str, tuple[Any, str]] | None = None) -> ResolvedJob:
     """The job the command line describes, with the launch keys it leaves open taken from the
-    cluster (Slurm, torchrun's variables: ``acc_train.cluster``); says on stderr when the default
+    cluster (Slurm, torchrun's variables: ``acc_train.launch.cluster``); says on stderr when the default
     config file is read and which launch settings came from the cluster.
 
     ``params`` are click's (``FLAG_KEYS`` names, ``config_file``, ``sets``); ``extra_flags``
     maps dotted keys to ``(value, flag)`` for a command's own flags (``plan --model``).
     """
-    from acc_train.cluster import resolve_on_cluster
+    from acc_train.launch.cluster import resolve_on_cluster
     from acc_train.config import load_job
 
     flags: dict[str, tuple[Any, str]] = {}

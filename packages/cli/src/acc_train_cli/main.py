@@ -65,12 +65,13 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     from acc_train.api import packs_rows
     from acc_train.checkpoint.faults import check_fault_env
     from acc_train.config.optimizer import check_optimizer
-    from acc_train.launcher import check_launch_support, default_num_processes
+    from acc_train.launch.launcher import check_launch_support, default_num_processes
     from acc_train.strategy import Machine
     from acc_train.data import check_data_files, data_kind
+    from acc_train.evaluation.kinds import job_evaluators
     from acc_train.machine import current_machine
-    from acc_train.model import check_attn_implementation, check_model_builds, check_model_path
-    from acc_train.prompt_text import check_prompts
+    from acc_train.model.build import check_attn_implementation, check_model_builds, check_model_path
+    from acc_train.model.prompt_text import check_prompts
     from acc_train.trainer import check_output_dir
 
     cfg = job.config
@@ -80,10 +81,8 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     check_data_files(cfg.data)  # needs no torch: a missing or broken file is refused in a second, before torch loads
     check_attn_implementation(cfg.model, current_machine().device_type)
     _check_strategy_fits(job)
-    if cfg.eval.harness_tasks:  # lm-eval installed, every task known and loadable: exit 2 now, not at the first evaluation
-        from acc_train.harness import check_job_harness
-
-        check_job_harness(cfg)
+    for evaluator in job_evaluators(cfg):  # (eval.harness_tasks: lm-eval installed, every task known and loadable)
+        evaluator.check(cfg)  # exit 2 now, not at the first evaluation
     tokenizer = check_model_builds(cfg, job.strategy, packs=packs_rows(cfg.data))
     data_kind(cfg.data).check_tokenizer(tokenizer, cfg.data)
     check_prompts(cfg.eval.samples, tokenizer)
@@ -94,12 +93,12 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     if cfg.launch.max_restarts:
         _say_elastic(cfg)
     if cfg.launch.requeue:
-        from acc_train.cluster import check_requeue
+        from acc_train.launch.cluster import check_requeue
 
         warning = check_requeue(cfg.resume, os.environ)
         if warning:
             click.echo(f"warning: {warning}", err=True)
-    from acc_train.run_lock import run_lock
+    from acc_train.outputs.run_lock import run_lock
 
     # one run per output directory, for the run's life (the files belong to machine 0)
     with run_lock(cfg.output_dir) if cfg.launch.machine_rank == 0 else contextlib.nullcontext():
@@ -107,15 +106,15 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
             _launch_and_report(job)
         finally:
             if cfg.launch.machine_rank == 0:  # every worker here has ended: what a failed save left goes (a full disk's, say)
-                from acc_train.disk_full import remove_unfinished_writes
+                from acc_train.files.disk_full import remove_unfinished_writes
 
                 remove_unfinished_writes(cfg.output_dir)
 
 
 def _launch_and_report(job: Any) -> None:
-    from acc_train.launch_files import launch_folder
-    from acc_train.launcher import worker_command
-    from acc_train.stop_signals import read_stop_marker
+    from acc_train.launch.scratch import launch_folder
+    from acc_train.launch.launcher import worker_command
+    from acc_train.launch.stop_signals import read_stop_marker
 
     cfg = job.config
     started = time.time()
@@ -148,7 +147,7 @@ def _launch_and_report(job: Any) -> None:
                 f"done: {s['steps']} steps under {s['strategy']} ({s['distributed_type']}, world size {s['world_size']}), "
                 f"final loss {'-' if loss is None else f'{loss:.4f}'}, {s['tokens_per_s'] or 0:.0f} tokens/s -> {cfg.output_dir}"
             )
-            from acc_train.report import format_summary, read_run
+            from acc_train.outputs.report import format_summary, read_run
 
             click.echo(format_summary(read_run(cfg.output_dir)))
 
@@ -160,7 +159,8 @@ def _peak_env(cfg: Any) -> dict[str, str]:
     a probe of that GPU alone): asking CUDA for a name here would hold a CUDA context in this
     process for the whole run."""
     from acc_train.machine import current_machine, resolve_mixed_precision
-    from acc_train.mfu import compute_precision, peak_for_workers
+    from acc_train.outputs.device_peaks import peak_for_workers
+    from acc_train.outputs.mfu import compute_precision
 
     machine = current_machine()
     if machine.device_type != "cpu":
@@ -185,7 +185,7 @@ def _check_strategy_fits(job: Any) -> None:
     """The strategy's own checks against the machines the launch section describes (mesh sizes
     against the world size, options that need an accelerator), before any worker starts: each
     worker makes them again."""
-    from acc_train.launcher import default_num_processes
+    from acc_train.launch.launcher import default_num_processes
     from acc_train.machine import current_machine
     from acc_train.strategy import Machine
 
@@ -198,7 +198,7 @@ def _check_strategy_fits(job: Any) -> None:
 def _prepare_data(cfg: Any) -> Any:
     """Tokenize the job's data files into the cache, unless they are there already."""
     from acc_train.data import prepare_data
-    from acc_train.model import load_tokenizer
+    from acc_train.model.build import load_tokenizer
 
     return prepare_data(cfg.data, load_tokenizer(cfg.model))
 
@@ -208,7 +208,7 @@ def _run_workers(section: Any, args: list[str], env: dict[str, str], output_dir:
     Returns the signal the launcher got and passed on to the workers, if one stopped it.
     ``output_dir``: a training run's, for what a lost peer leaves (:func:`_lost_peer_advice`)."""
     from acc_train.errors import EXIT_USER_ERROR
-    from acc_train.launcher import LaunchFailed, LaunchStopped, launch
+    from acc_train.launch.launcher import LaunchFailed, LaunchStopped, launch
 
     try:
         launch(section, args, env)
@@ -274,7 +274,7 @@ def _say_stopped(cfg: Any, received: int | None, stopped: dict | None) -> None:
         since = f"the latest checkpoint is {latest}" if latest else "no checkpoint was written yet"
         click.echo(f"stopped by {name} before a checkpoint of the last step was saved: {since}; continue with `{again}`", err=True)
     if cfg.launch.requeue and cfg.launch.machine_rank == 0:  # one requeue per job: machine 0's command asks
-        from acc_train.cluster import requeue_job
+        from acc_train.launch.cluster import requeue_job
 
         click.echo(requeue_job(os.environ), err=True)
     sys.exit(128 + (signum or 15))
@@ -367,8 +367,8 @@ def launch(ctx: click.Context, program: str, program_args: tuple[str, ...], as_m
     _check_program_exists(program, as_module)
     job = resolve_job(merged)
     report_plugin_failures()
-    from acc_train.launch_protocol import leftovers_warning, protocol_env, protocol_variables, shell_leftovers
-    from acc_train.launcher import check_launch_support, default_num_processes, worker_command
+    from acc_train.launch.protocol import leftovers_warning, protocol_env, protocol_variables, shell_leftovers
+    from acc_train.launch.launcher import check_launch_support, default_num_processes, worker_command
     from acc_train.machine import current_machine, resolve_mixed_precision
     from acc_train.strategy import Machine
 
@@ -384,7 +384,7 @@ def launch(ctx: click.Context, program: str, program_args: tuple[str, ...], as_m
         "ACC_TRAIN_MIXED_PRECISION": cfg.training.mixed_precision,
         "ACC_TRAIN_TIMEOUT": str(cfg.launch.timeout),
     }
-    from acc_train.launch_files import launch_folder
+    from acc_train.launch.scratch import launch_folder
 
     with launch_folder() as scratch:  # a strategy's files for the launch (a DeepSpeed JSON), removed when it ends
         env.update(protocol_env(job.strategy, machine, mixed_precision, scratch))

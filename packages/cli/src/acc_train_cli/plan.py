@@ -72,12 +72,13 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 
 def expected_throughput(shape: Any, seq_len: int, precision: str, world: int, machines: int, mfu: float, device: str | None) -> dict[str, Any]:
-    """Tokens per second the job trains at ``mfu`` (:mod:`acc_train.mfu`): the devices' peak in
+    """Tokens per second the job trains at ``mfu`` (:mod:`acc_train.outputs.mfu`): the devices' peak in
     the compute precision times ``mfu`` over the model's FLOPs per token. ``device``: a name
     from the peak table (``H100``, ``A100``...) for ``world`` such GPUs; None: this machine's
     device (its GPUs, or its CPU measured by the probe, one per machine)."""
     from acc_train.errors import UserError
-    from acc_train.mfu import device_peak_flops, model_flops_per_token
+    from acc_train.outputs.device_peaks import device_peak_flops
+    from acc_train.outputs.mfu import model_flops_per_token
 
     per_token = model_flops_per_token(shape.config, seq_len, trainable_params=shape.parameters, total_params=shape.parameters + shape.frozen)
     if device is None:
@@ -106,9 +107,9 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
     """The plan as data: the model, the inputs and one row per strategy variant (and one for
     the FSDP2 ``mesh``, when given); with ``mfu``, the tokens/s the job trains at that MFU
     (:func:`expected_throughput`)."""
-    from acc_train.launcher import default_num_processes
-    from acc_train.memory_plan import ACTIVATION_FORMULA, PlanInput, activation_bytes, attention_score_factor, model_shape
-    from acc_train.mfu import compute_precision
+    from acc_train.launch.launcher import default_num_processes
+    from acc_train.memory.plan import ACTIVATION_FORMULA, PlanInput, activation_bytes, attention_score_factor, model_shape
+    from acc_train.outputs.mfu import compute_precision
     from acc_train.config import resolve_strategy
     from acc_train.config.optimizer import optimizer_kind
     from acc_train.plugins import strategies

@@ -1,6 +1,6 @@
 """``acc-train report OUTPUT_DIR``: a run's summary table and its ``report.png``.
 
-The drawing lives in core (:mod:`acc_train.report`), which training also calls when it ends.
+The drawing lives in core (:mod:`acc_train.outputs.report`), which training also calls when it ends.
 Only click is imported at module level.
 """
 
@@ -24,7 +24,8 @@ def report(output_dir: str, no_png: bool, prompt: int) -> None:
     OUTPUT_DIR/report.png: loss and eval loss, learning rate and tokens/s against step. A run
     with generation samples (eval.samples) also shows the last evaluation's completions and one
     prompt's completions at each evaluation."""
-    from acc_train.report import draw_report, format_samples, format_summary, read_run
+    from acc_train.outputs.plot import draw_report
+    from acc_train.outputs.report import format_samples, format_summary, read_run
 
     record = read_run(output_dir)
     click.echo(format_summary(record))

@@ -85,7 +85,7 @@ def _how(result: dict[str, Any], world: int) -> str:
 
 def simulate_plan(job: Any, data: dict[str, Any], names: str | None, mesh: dict[str, int] | None) -> list[dict[str, Any]]:
     """Simulate each strategy and set it beside its row of the plan (``data``: build_plan's)."""
-    from acc_train.memory_plan import model_shape
+    from acc_train.memory.plan import model_shape
     from acc_train.simulate import SimulationFailed, job_under, simulate_strategy
 
     cfg = job.config

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from acc_train.errors import PluginError, UserError
 from acc_train.hookspecs import hookimpl
-from acc_train.questions import Question
+from acc_train.contracts.questions import Question
 from acc_train.strategy import Machine, Strategy, StrategyOptions, WrapPolicy
 
 if TYPE_CHECKING:

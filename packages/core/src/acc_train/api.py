@@ -24,20 +24,21 @@ from acc_train.checkpoint import (
 )
 from acc_train.config.accelerate_file import check_accelerate_section, read_accelerate_section
 from acc_train.config.strategy import resolve_strategy
-from acc_train.data_kind import DataKind, Tokenized
+from acc_train.contracts.data_kind import DataKind, Tokenized
 from acc_train.errors import PluginError, UserError, closest
+from acc_train.contracts.evaluator import EvalContext, EvaluatorKind
 from acc_train.hookspecs import hookimpl
 from acc_train.machine import current_machine, resolve_mixed_precision, warn_once_per_machine
-from acc_train.memory_plan import MemoryPlan, PlanInput, replicated
-from acc_train.model import enable_gradient_checkpointing
-from acc_train.optimizer import OptimizerKind, OptimizerOptions
-from acc_train.model_state import ModelStateMeter, TorchOptimizerMeter, dtype_name, local_nbytes
-from acc_train.plugins import checkpoint_formats, optimizers, strategies, wrap_policies
-from acc_train.questions import Question
+from acc_train.memory.plan import MemoryPlan, PlanInput, replicated
+from acc_train.model.build import enable_gradient_checkpointing
+from acc_train.model.optimizer import OptimizerKind, OptimizerOptions
+from acc_train.memory.state import ModelStateMeter, TorchOptimizerMeter, dtype_name, local_nbytes
+from acc_train.plugins import checkpoint_formats, evaluators, optimizers, strategies, wrap_policies
+from acc_train.contracts.questions import Question
 from acc_train.run import RunContext
 from acc_train.strategy import DEFAULT_STRATEGY, Machine, Strategy, StrategyOptions, WrapPolicy
-from acc_train.tracker_kinds import TrackerKind
-from acc_train.user_files import read_user_json
+from acc_train.outputs.tracker_kinds import TrackerKind
+from acc_train.files.user_files import read_user_json
 
 if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
@@ -46,9 +47,9 @@ __all__ = [
     # the strategy contract
     "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
     # hooks (the run they are handed), questions for the wizard, errors
-    "RunContext", "DataKind", "Tokenized", "packs_rows", "packs_continuous_text", "OptimizerKind", "OptimizerOptions", "TrackerKind", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
+    "RunContext", "DataKind", "Tokenized", "packs_rows", "packs_continuous_text", "OptimizerKind", "OptimizerOptions", "TrackerKind", "EvaluatorKind", "EvalContext", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
     # registries
-    "checkpoint_formats", "optimizers", "strategies", "wrap_policies",
+    "checkpoint_formats", "evaluators", "optimizers", "strategies", "wrap_policies",
     # checkpoint formats and the portable state
     "CheckpointFormat", "DCPFormat", "flatten_optimizer_state", "load_portable_into", "read_portable_state",
     "read_strategy_state", "state_dict_options", "unflatten_optimizer_state", "write_portable_state",

@@ -10,10 +10,11 @@ from acc_train.checkpoint import CheckpointFormat, DCPFormat
 from acc_train.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from acc_train.data_kind import DataKind
-    from acc_train.optimizer import OptimizerKind
+    from acc_train.contracts.data_kind import DataKind
+    from acc_train.contracts.evaluator import EvaluatorKind
+    from acc_train.model.optimizer import OptimizerKind
     from acc_train.run import RunContext
-    from acc_train.tracker_kinds import TrackerKind
+    from acc_train.outputs.tracker_kinds import TrackerKind
 
 
 @hookimpl
@@ -31,7 +32,7 @@ def acc_train_register_data_kinds(register: Callable[[DataKind], None]) -> None:
 
 @hookimpl
 def acc_train_register_optimizers(register: Callable[[OptimizerKind], None]) -> None:
-    from acc_train.optimizer import BUILTIN_OPTIMIZERS
+    from acc_train.model.optimizer import BUILTIN_OPTIMIZERS
 
     for optimizer in BUILTIN_OPTIMIZERS:
         register(optimizer)
@@ -39,9 +40,17 @@ def acc_train_register_optimizers(register: Callable[[OptimizerKind], None]) -> 
 
 @hookimpl
 def acc_train_register_trackers(register: Callable[[TrackerKind], None]) -> None:
-    from acc_train.tracker_kinds import builtin_tracker_kinds
+    from acc_train.outputs.tracker_kinds import builtin_tracker_kinds
 
     for kind in builtin_tracker_kinds():  # Accelerate's own trackers
+        register(kind)
+
+
+@hookimpl
+def acc_train_register_evaluators(register: Callable[[EvaluatorKind], None]) -> None:
+    from acc_train.loop.evaluators import builtin_evaluator_kinds
+
+    for kind in builtin_evaluator_kinds():  # the eval loss, eval.samples, eval.harness_tasks
         register(kind)
 
 
@@ -68,7 +77,7 @@ def acc_train_train_end(run: RunContext, summary: dict[str, Any]) -> None:
     is a warning: the run itself has succeeded."""
     if not run.is_main_process:
         return
-    from acc_train.report import write_report
+    from acc_train.outputs.plot import write_report
 
     try:
         write_report(run.output_dir)

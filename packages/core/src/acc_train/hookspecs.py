@@ -15,12 +15,14 @@ import pluggy
 
 if TYPE_CHECKING:
     from acc_train.checkpoint import CheckpointFormat
-    from acc_train.data_kind import DataKind
-    from acc_train.optimizer import OptimizerKind
-    from acc_train.questions import Question
-    from acc_train.run import RunContext
+    from acc_train.contracts.data_kind import DataKind
+    from acc_train.contracts.evaluator import EvaluatorKind
+    from acc_train.model.optimizer import OptimizerKind
+    from acc_train.contracts.questions import Question
+    # hooks are handed an acc_train.run.RunContext; typed by its protocol, as run.py sits above this module
+    from acc_train.contracts.protocols import RunView as RunContext
     from acc_train.strategy import Strategy, WrapPolicy
-    from acc_train.tracker_kinds import TrackerKind
+    from acc_train.outputs.tracker_kinds import TrackerKind
 
 __all__ = ["hookspec", "hookimpl", "PROJECT_NAME"]
 
@@ -128,6 +130,25 @@ def acc_train_register_commands(register: Callable[[Any], None]) -> None:
     """
 
 
+@hookspec
+def acc_train_register_evaluators(register: Callable[[EvaluatorKind], None]) -> None:
+    """Register evaluators a job can ask for as ``eval.NAME`` (core's eval loss, ``eval.samples``
+    and ``eval.harness_tasks`` are registered by core's plugin the same way).
+
+    Called once, the first time an evaluator is looked up or listed (when a config has a key
+    under ``eval`` that is not one of its settings, and when a run starts). Call
+    ``register(kind)`` once per :class:`acc_train.api.EvaluatorKind`: its ``name`` (the key
+    under ``eval``), its ``evaluate`` function (or ``"module:function"``, imported only when a
+    run starts it), and its ``options_schema`` (a pydantic model of ``eval.NAME``). At each
+    evaluation, on every rank, ``evaluate`` gets an :class:`acc_train.api.EvalContext` (the
+    model, the run, the step, its options) and returns named metrics, which go to
+    ``metrics.jsonl``, the trackers, ``run.json``'s ``evaluations``, ``acc-train report`` and
+    the model card. The return value is ignored.
+
+    :param register: callback taking an ``EvaluatorKind`` instance.
+    """
+
+
 @hookspec(firstresult=True)
 def acc_train_accelerate_config(distributed_type: str, config: dict[str, Any]) -> dict[str, Any] | None:
     """Map a config file written by ``accelerate config`` onto this plugin's strategy.
@@ -215,13 +236,15 @@ def acc_train_log(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
 
 @hookspec
 def acc_train_eval_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
-    """Called on every rank after a periodic evaluation; ``metrics`` holds ``eval_loss``, or,
-    after ``eval.harness_tasks`` ran, ``harness`` (``{task: {metric: value}}``, lm-evaluation-harness's
-    scores). The return value is ignored.
+    """Called on every rank after each evaluator of a periodic evaluation returned metrics
+    (once per evaluator: :func:`acc_train_register_evaluators`); ``metrics`` is the row written
+    to ``metrics.jsonl``: ``step`` and the evaluator's metrics: ``eval_loss`` for the eval loss,
+    ``harness`` (``{task: {metric: value}}``, lm-evaluation-harness's scores) after
+    ``eval.harness_tasks``, a plugin's evaluator its own. The return value is ignored.
 
     :param run: the run's context.
     :param step: the optimizer step after which evaluation ran.
-    :param metrics: ``{"step": ..., "eval_loss": ...}`` or ``{"step": ..., "harness": ...}``.
+    :param metrics: ``{"step": ..., "eval_loss": ...}``, ``{"step": ..., "harness": ...}``, ...
     """
 
 

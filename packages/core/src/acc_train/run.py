@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.hookspecs import hookimpl
-from acc_train.metrics import METRICS_FILE, MetricsRow, parse_line
-from acc_train.output_paths import replace_file
+from acc_train.outputs.metrics import METRICS_FILE, MetricsRow, parse_line
+from acc_train.files.output_paths import replace_file
 from acc_train.plugins import register_temporarily
-from acc_train.trackers import plan_trackers, record_runs, start_trackers, started_runs, store_config
+from acc_train.outputs.trackers import plan_trackers, record_runs, start_trackers, started_runs, store_config
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from acc_train.config import ResolvedJob
-    from acc_train.model_state import ModelStateMeter
-    from acc_train.tracker_kinds import TrackerKind
+    from acc_train.memory.state import ModelStateMeter
+    from acc_train.outputs.tracker_kinds import TrackerKind
 
 __all__ = ["RunContext", "RunReporter", "reporting"]
 
@@ -54,7 +54,7 @@ class RunContext:
     #: the tracker runs this launch logs to (project, run name, ids: run.json's ``trackers``),
     #: on the main process once they started; None without trackers
     trackers: dict[str, Any] | None = None
-    #: what MFU is computed against (:func:`acc_train.mfu.run_basis`): FLOPs per token, the
+    #: what MFU is computed against (:func:`acc_train.outputs.mfu.run_basis`): FLOPs per token, the
     #: devices' peak; None before the model is built, ``{"error": ...}`` where there is no figure
     mfu_basis: dict[str, Any] | None = None
 
@@ -131,11 +131,8 @@ class RunReporter:
         if run.is_main_process:
             row = MetricsRow.from_dict(metrics)
             self._write(run, step, row)
-            if self._bar is not None and row.eval_loss is not None:
-                self._bar.write(f"step {step}: eval_loss {row.eval_loss:.4f}")
-            if self._bar is not None and row.harness:
-                scores = (f"{task} {metric} {value:.4f}" for task, metrics in row.harness.items() for metric, value in metrics.items())
-                self._bar.write(f"step {step}: " + "; ".join(scores))
+            if self._bar is not None and row.numbers():
+                self._bar.write(f"step {step}: " + "; ".join(f"{name} {value:.4f}" for name, value in row.numbers().items()))
 
     @hookimpl
     def acc_train_train_end(self, run: RunContext, summary: dict[str, Any]) -> None:
@@ -190,7 +187,7 @@ def reporting(run: RunContext) -> Iterator[RunReporter]:
 
 def _start_trackers(run: RunContext) -> None:
     """Start the job's trackers (main process), continuing the tracker runs an earlier launch of
-    this run started (:mod:`acc_train.trackers`), and record which runs they log to."""
+    this run started (:mod:`acc_train.outputs.trackers`), and record which runs they log to."""
     kinds = job_trackers(run.config.training.report_to)
     plan = plan_trackers(run.config.training.tracker, run.output_dir, run.step, kinds)
     start_trackers(run.accelerator, plan, run.output_dir, [k for k in kinds.values() if not k.accelerate_builtin])
@@ -210,7 +207,7 @@ def job_trackers(report_to: list[str]) -> dict[str, TrackerKind]:
 
 def accelerate_log_with(report_to: list[str]) -> list[str] | None:
     """What Accelerate's ``log_with`` gets: its own trackers, by name (a plugin's are made and
-    started with them, :func:`acc_train.trackers.start_trackers`)."""
+    started with them, :func:`acc_train.outputs.trackers.start_trackers`)."""
     names = [name for name, kind in job_trackers(report_to).items() if kind.accelerate_builtin]
     return names or None
 

@@ -4,7 +4,7 @@ Runs the user's program unchanged (a script, or a module as ``python -m`` does) 
 under the elastic error recorder, so a failing rank's exception and traceback reach the
 launching command. Before it starts, every ``accelerate.Accelerator`` it will build (its own, or
 the one inside HF Trainer or TRL) is made to run the launched strategy
-(:func:`acc_train.launched.adopt_accelerate`); when it ends, a strategy that had no
+(:func:`acc_train.launch.launched.adopt_accelerate`); when it ends, a strategy that had no
 effect on it is an error, never silence.
 """
 
@@ -33,7 +33,7 @@ def main() -> None:
     def run() -> None:
         import torch.distributed as dist
 
-        from acc_train.launched import adopt_accelerate, is_plain
+        from acc_train.launch.launched import adopt_accelerate, is_plain
         from acc_train.accelerator import strategy_from_env
 
         try:

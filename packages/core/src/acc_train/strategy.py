@@ -41,10 +41,9 @@ from acc_train.errors import PluginError
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from acc_train.config import ResolvedJob
-    from acc_train.memory_plan import MemoryPlan, PlanInput
-    from acc_train.model_state import ModelStateMeter
-    from acc_train.run import RunContext
+    from acc_train.memory.plan import MemoryPlan, PlanInput
+    from acc_train.memory.state import ModelStateMeter
+    from acc_train.contracts.protocols import JobView, RunView
 
 __all__ = ["DEFAULT_STRATEGY", "Strategy", "StrategyOptions", "WrapPolicy", "Machine", "legacy_contract_problem"]
 
@@ -148,7 +147,7 @@ class Strategy(ABC, Generic[OptionsT]):
         ``model`` (built on the meta device before launch, e.g. heads a tensor-parallel size must divide)."""
 
     @abstractmethod
-    def accelerator_kwargs(self, job: ResolvedJob | None) -> dict[str, Any]:
+    def accelerator_kwargs(self, job: JobView | None) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator(...)``: plugins and kwargs handlers
         (``fsdp_plugin``, ``deepspeed_plugin``, ``kwargs_handlers``...). ``job`` is None when a
         user's own script is launched (``acc-train launch``)."""
@@ -242,7 +241,7 @@ class Strategy(ABC, Generic[OptionsT]):
         """What counts this rank's parameter, gradient and optimizer-state bytes for run.json's
         ``model_state_bytes``, or None where they cannot be counted. Called once, after
         ``prepare``. The default reads the torch optimizer's parameters, gradients and state."""
-        from acc_train.model_state import TorchOptimizerMeter
+        from acc_train.memory.state import TorchOptimizerMeter
 
         return TorchOptimizerMeter(optimizer)
 
@@ -255,7 +254,7 @@ class Strategy(ABC, Generic[OptionsT]):
         """What one rank holds of the model state with these options, for ``acc-train plan``
         (no model is built). The default is a full replica on every rank, as DDP holds:
         16psi bytes in fp32. A sharding strategy states its own."""
-        from acc_train.memory_plan import replicated
+        from acc_train.memory.plan import replicated
 
         return replicated(plan)
 
@@ -305,7 +304,7 @@ class Strategy(ABC, Generic[OptionsT]):
         # one process: NO in-process, or a one-rank process group under the launcher
         return {"NO", multi} if machine.world_size == 1 else {multi}
 
-    def state_dict(self, run: RunContext) -> dict[str, Any]:
+    def state_dict(self, run: RunView) -> dict[str, Any]:
         """This rank's state that the strategy keeps beyond model and optimizer (a comm hook's
         error feedback, a step counter), so that a resumed run continues exactly. Called on every
         rank at each checkpoint, with the run (``run.extras`` is where plugins keep per-run
@@ -314,7 +313,7 @@ class Strategy(ABC, Generic[OptionsT]):
         default): nothing of its own."""
         return {}
 
-    def load_state_dict(self, run: RunContext, state: dict[str, Any]) -> None:
+    def load_state_dict(self, run: RunView, state: dict[str, Any]) -> None:
         """Take back what :meth:`state_dict` returned on this rank, with tensors on the CPU. Called
         on every rank of a resumed run, after model and optimizer are restored and before
         ``acc_train_train_start``, when the checkpoint holds this strategy's state for this rank

@@ -30,16 +30,16 @@ from acc_train.checkpoint import (
 )
 from acc_train.errors import UserError
 from acc_train.loop import LoopInputs, finish, run_loop, setup
-from acc_train.metrics import METRICS_FILE
-from acc_train.output_paths import check_creatable, fresh_directory, replace_file
-from acc_train.prompt_text import check_prompts
+from acc_train.outputs.metrics import METRICS_FILE
+from acc_train.files.output_paths import check_creatable, fresh_directory, replace_file
+from acc_train.model.prompt_text import check_prompts
 from acc_train.plugins import call_lifecycle, checkpoint_formats
 from acc_train.run import RunContext, reporting
 
 if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
     from acc_train.config import ResolvedJob
-    from acc_train.stop_signals import StopRequest
+    from acc_train.launch.stop_signals import StopRequest
 
 __all__ = ["train", "check_output_dir", "claim_output_dir", "restart_resumes", "restart_count", "claimed_marker", "runs_again", "RUN_FILES"]
 
@@ -97,7 +97,7 @@ def check_output_dir(job: ResolvedJob) -> Path:
                 hint="pass --overwrite (without --resume) to start it over, or another --output-dir",
             )
         if path is not None:
-            from acc_train.model import model_config
+            from acc_train.model.build import model_config
 
             # sizes, structure and unlisted files here; the workers hash the content, each its share
             check_same_model(verify_checkpoint(path, hashes=False), model_fingerprint(model_config(cfg)), path)
@@ -127,7 +127,7 @@ def claim_output_dir(job: ResolvedJob, accelerator: Accelerator, config_file: st
                 for moved in aside.iterdir():
                     os.rename(moved, out / moved.name)
                 aside.rmdir()
-            from acc_train.disk_full import disk_full_error
+            from acc_train.files.disk_full import disk_full_error
 
             full = disk_full_error(exc, out, what="while writing the run's files into", done="nothing of the run was changed")
             raise full or UserError(f"cannot write the run's files into {str(out)!r}: {exc}", where="--output-dir") from None
@@ -197,7 +197,7 @@ def _say_restart(restarts: int, resumed_from: str | None, output_dir: str) -> No
 def _losses_from_metrics(output_dir: Path, step: int, result: Any) -> None:
     """A run resumed at its last step trains nothing: its final and best losses are those its
     earlier launches logged in metrics.jsonl (kept up to the checkpoint's step)."""
-    from acc_train.metrics import read_metrics
+    from acc_train.outputs.metrics import read_metrics
 
     try:
         steps = read_metrics(output_dir).steps
@@ -211,7 +211,7 @@ def _losses_from_metrics(output_dir: Path, step: int, result: Any) -> None:
 def _mfu_basis(job: ResolvedJob, accelerator: Accelerator, model: Any) -> dict[str, Any]:
     """FLOPs per token of the built model (counted before a strategy shards it) and the peak of
     the devices training it: each GPU's, or each machine's CPU (its ranks share its cores)."""
-    from acc_train.mfu import compute_precision, run_basis
+    from acc_train.outputs.mfu import compute_precision, run_basis
 
     machine = accelerator.acc_machine
     devices = accelerator.num_processes if machine.device_type != "cpu" else machine.num_machines

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     @record_errors
     def run() -> None:
         from acc_train.machine import is_local_main_process
-        from acc_train.stop_signals import install, write_stop_marker
+        from acc_train.launch.stop_signals import install, write_stop_marker
 
         output_dir = None
         try:
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         except UserError as exc:
             exit_with_user_error(exc)
         except Exception as exc:
-            from acc_train.disk_full import disk_full_error
+            from acc_train.files.disk_full import disk_full_error
 
             full = disk_full_error(exc, output_dir)  # any write (metrics, final/, run.json): one message, not a traceback
             if full is None:

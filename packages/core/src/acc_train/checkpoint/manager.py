@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from acc_train.adapters import check_adapters_match
+from acc_train.model.adapters import check_adapters_match
 from acc_train.checkpoint.faults import fault_point
 from acc_train.checkpoint.format import CheckpointFormat
 from acc_train.checkpoint.hashing import (
@@ -63,14 +63,14 @@ from acc_train.checkpoint.manifest import (
 from acc_train.checkpoint.portable import PORTABLE_DIR
 from acc_train.checkpoint.rng import capture_rng, restore_rng
 from acc_train.checkpoint.strategy_state import hand_back, write_strategy_state
-from acc_train.disk_full import raise_if_disk_full
+from acc_train.files.disk_full import raise_if_disk_full
 from acc_train.errors import UserError
-from acc_train.output_paths import readable, replace_file
+from acc_train.files.output_paths import readable, replace_file
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from acc_train.run import RunContext
+    from acc_train.contracts.protocols import RunView
 
 __all__ = ["TrainerState", "CheckpointManager", "check_async_save"]
 
@@ -147,10 +147,10 @@ class CheckpointManager:
         self.loaded_via: str | None = None
         self._pending: tuple[Any, TrainerState, Path, StreamHashes] | None = None
         self._group: Any = None
-        self._run: RunContext | None = None  # whose strategy's own state each save writes (attach)
+        self._run: RunView | None = None  # whose strategy's own state each save writes (attach)
         self._resumed: tuple[Path, int] | None = None  # the checkpoint load() restored, and its world size
 
-    def attach(self, run: RunContext) -> None:
+    def attach(self, run: RunView) -> None:
         """Bind the run before ``acc_train_train_start``: its strategy's own state comes back now, and each save writes it."""
         self._run = run
         hand_back(run, self._resumed)
@@ -166,7 +166,7 @@ class CheckpointManager:
         """Write a checkpoint of ``state``. A synchronous save is committed on return; an
         asynchronous one when its writes are done, at the next save or at :meth:`finish`.
         ``on_commit`` is called either way. A full disk removes the partial checkpoint and
-        raises :class:`~acc_train.disk_full.DiskFullError`; the previous checkpoints stay."""
+        raises :class:`~acc_train.files.disk_full.DiskFullError`; the previous checkpoints stay."""
         import time
 
         started = time.perf_counter()  # waiting for a previous asynchronous save counts as blocked

@@ -15,7 +15,7 @@ from acc_train.errors import PluginError
 if TYPE_CHECKING:
     import torch
 
-    from acc_train.run import RunContext
+    from acc_train.contracts.protocols import RunView
 
 __all__ = ["strategy_state_files", "split_strategy_state", "join_strategy_state", "write_strategy_state", "read_strategy_state", "hand_back"]
 
@@ -75,7 +75,7 @@ def join_strategy_state(document: dict[str, Any], tensors: dict[str, torch.Tenso
     return state
 
 
-def write_strategy_state(directory: Path, run: RunContext) -> None:
+def write_strategy_state(directory: Path, run: RunView) -> None:
     """Write this rank's state of the run's strategy (``Strategy.state_dict``) into a checkpoint
     directory; nothing for an empty state."""
     strategy = run.job.strategy
@@ -101,7 +101,7 @@ def read_strategy_state(directory: Path, rank: int) -> tuple[str, dict[str, Any]
     return document["strategy"], join_strategy_state(document, load_file(str(directory / tensors_name)))
 
 
-def hand_back(run: RunContext, resumed: tuple[Path, int] | None) -> None:
+def hand_back(run: RunView, resumed: tuple[Path, int] | None) -> None:
     """Give the run's strategy (``Strategy.load_state_dict``) the state its rank saved in the
     resumed checkpoint (``resumed``: its path and world size; None for a fresh run), when a
     strategy of the same name wrote it under as many processes: another strategy's state is not

@@ -3,7 +3,7 @@ config file's ``dynamo_config`` states them, checked against the strategy before
 
 The section has the fields of Accelerate's ``TorchDynamoPlugin`` (backend, mode, fullgraph,
 dynamic, regional compilation), which the worker hands to the ``Accelerator``
-(:mod:`acc_train.torch_compile`): Accelerate compiles the prepared model, after the strategy
+(:mod:`acc_train.loop.torch_compile`): Accelerate compiles the prepared model, after the strategy
 has wrapped it. No torch or accelerate import here: resolving a config stays fast.
 """
 

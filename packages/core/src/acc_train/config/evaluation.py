@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Union
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from acc_train.config.base import MAX_SEED, NonEmptyStr, PositiveFloat, Section
 from acc_train.config.harness import HarnessSettings
 
-__all__ = ["ChatMessage", "EvalConfig", "Prompt", "MAX_SAMPLE_PROMPTS"]
+__all__ = ["ChatMessage", "EvalConfig", "Prompt", "MAX_SAMPLE_PROMPTS", "evaluator_options"]
 
 #: prompts per evaluation: each is generated at every evaluation, in the training time
 MAX_SAMPLE_PROMPTS = 1000
@@ -47,7 +47,11 @@ Prompt = Annotated[
 class EvalConfig(HarnessSettings):
     """``eval``: at every evaluation (``training.eval_every`` steps and after the last),
     generation samples (``samples`` and their settings), written to ``samples.jsonl`` and the
-    trackers that take text, and benchmark tasks through lm-evaluation-harness (``harness_*``)."""
+    trackers that take text, and benchmark tasks through lm-evaluation-harness (``harness_*``).
+    Any other key names an evaluator a plugin registered (``eval.NAME: {its options}``), checked
+    against the registry and the evaluator's options schema (:mod:`acc_train.evaluation.kinds`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, validate_default=True)
 
     samples: list[Prompt] = Field(
         default_factory=list,
@@ -76,6 +80,11 @@ class EvalConfig(HarnessSettings):
         ),
     )
 
+    @model_validator(mode="after")
+    def _plugin_evaluators(self) -> EvalConfig:
+        evaluator_options(self)  # (only a key that is not a setting loads the plugins)
+        return self
+
     @field_validator("samples")
     @classmethod
     def _chat_has_messages(cls, value: list[Prompt]) -> list[Prompt]:
@@ -83,3 +92,68 @@ class EvalConfig(HarnessSettings):
             if isinstance(prompt, list) and not prompt:
                 raise ValueError(f"prompt {i} is an empty list of chat messages: give it a {{role: user, content: ...}} message, or a string")
         return value
+
+
+def evaluator_options(config_eval: Any) -> None:
+    """Check the keys of the ``eval`` section that are not its own settings: each names a
+    registered evaluator and is validated by its options schema (stored back, resolved, so
+    ``config.yaml`` shows every option). Raises pydantic's ValidationError naming the key."""
+    from pydantic import ValidationError
+
+    from acc_train.errors import UserError, closest
+    from acc_train.plugins import NameConflictError, evaluators
+
+    extras = config_eval.model_extra or {}
+    if not extras:
+        return
+    registry = evaluators()
+    own = [name for name in type(config_eval).model_fields]
+    errors: list[Any] = []
+
+    def refuse(loc: tuple[Any, ...], value: Any, message: str) -> None:
+        errors.append({"type": "value_error", "loc": loc, "input": value, "ctx": {"error": ValueError(message)}})
+
+    for key, value in list(extras.items()):
+        try:
+            kind = registry.get(key)
+        except NameConflictError as exc:
+            refuse((key,), value, f"{exc.message}; {exc.hint}")
+            continue
+        except UserError:
+            kind = None
+        if kind is not None and kind.where != f"eval.{key}":
+            refuse((key,), value, f"evaluator {key!r} is not asked for under eval: {kind.where} asks for it")
+            continue
+        if kind is None:
+            sections = sorted(k.name for k, _ in registry.registered() if k.where == f"eval.{k.name}" and k.name not in own)
+            near = closest(key, own + sections)
+            message = (
+                "unknown key: neither an eval setting nor an installed evaluator"
+                + (f'; did you mean "eval.{near}"?' if near else "")
+                + f" (eval settings: {', '.join(own)}; evaluators installed: {', '.join(sections) or 'none'};"
+                " a plugin adds evaluators through the acc_train_register_evaluators hook)"
+            )
+            refuse((key,), value, message)
+            continue
+        if value is True or value is None:
+            value = {}
+        if not isinstance(value, dict):
+            refuse((key,), value, f"evaluator {key!r} takes a mapping of its options, or true for its defaults")
+            continue
+        if kind.options_schema is None:
+            if value:
+                refuse((key,), value, f"evaluator {key!r} takes no options (got {', '.join(map(str, value))}); give `{key}: true`")
+            else:
+                extras[key] = {}
+            continue
+        try:
+            extras[key] = kind.options_schema.model_validate(value).model_dump(mode="json")
+        except ValidationError as exc:
+            fields = list(kind.options_schema.model_fields)
+            for err in exc.errors():
+                if err["type"] == "extra_forbidden":
+                    near = closest(str(err["loc"][-1]), fields)
+                    err["msg"] = "unknown key" + (f'; did you mean "{near}"?' if near else "") + f" (valid keys here: {', '.join(fields)})"
+                refuse((key, *err["loc"]), err.get("input"), err["msg"].removeprefix("Value error, "))
+    if errors:
+        raise ValidationError.from_exception_data(type(config_eval).__name__, errors)

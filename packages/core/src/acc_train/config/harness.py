@@ -1,5 +1,5 @@
 """The settings of benchmark tasks run through lm-evaluation-harness during training
-(:mod:`acc_train.harness`): which tasks, where local task YAMLs are, how many examples."""
+(:mod:`acc_train.evaluation.harness`): which tasks, where local task YAMLs are, how many examples."""
 
 from __future__ import annotations
 

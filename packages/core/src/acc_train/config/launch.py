@@ -26,7 +26,7 @@ class CheckpointConfig(Section):
 
 class LaunchConfig(Section):
     """How the workers start; keys left unset here fill themselves from Slurm or torchrun's
-    variables (``acc_train.cluster``, docs/cluster.md) before the job is validated."""
+    variables (``acc_train.launch.cluster``, docs/cluster.md) before the job is validated."""
 
     num_processes: int | None = Field(
         None,

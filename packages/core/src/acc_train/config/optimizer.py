@@ -7,12 +7,10 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from acc_train.errors import UserError
-from acc_train.optimizer import OptimizerKind
+from acc_train.model.optimizer import OptimizerKind
 
 if TYPE_CHECKING:
-    from acc_train.config.schema import OptimizerConfig
-    from acc_train.config.resolve import ResolvedJob
-    from acc_train.strategy import Machine
+    from acc_train.contracts.protocols import JobView, MachineView, Section
 
 __all__ = ["optimizer_kind", "registered_name", "fit_to_optimizer", "check_optimizer", "optimizer_summary"]
 
@@ -35,7 +33,7 @@ def registered_name(name: str) -> str:
     return name
 
 
-def fit_to_optimizer(cfg: OptimizerConfig) -> None:
+def fit_to_optimizer(cfg: Section) -> None:
     """Give the shared keys the chosen optimizer takes its defaults where unset (leaving them
     out of ``model_fields_set``, so fine-tuning defaults still apply), refuse those it does not
     take, and validate ``optimizer.options`` by its schema, filling in its defaults:
@@ -44,7 +42,7 @@ def fit_to_optimizer(cfg: OptimizerConfig) -> None:
 
     from acc_train.config.problems import problem_lines
     from acc_train.config.sources import Sources
-    from acc_train.optimizer import COMMON_KEYS
+    from acc_train.model.optimizer import COMMON_KEYS
 
     kind = optimizer_kind(cfg.name)
     for key in COMMON_KEYS:
@@ -68,7 +66,7 @@ def fit_to_optimizer(cfg: OptimizerConfig) -> None:
         raise ValueError(problem)
 
 
-def check_optimizer(job: ResolvedJob, machine: Machine) -> OptimizerKind:
+def check_optimizer(job: JobView, machine: MachineView) -> OptimizerKind:
     """The job's optimizer, once it is known to run on ``machine`` under the job's strategy and
     to fit the strategy's checkpoint format; else a :class:`UserError` naming the optimizer,
     the strategy and what to change. Never a silent wrong resume."""
@@ -106,7 +104,7 @@ def _fitting(carried: tuple[str, ...]) -> str:
     return ", ".join(names) or "none installed"
 
 
-def optimizer_summary(job: ResolvedJob, optimizer: Any) -> dict[str, Any]:
+def optimizer_summary(job: JobView, optimizer: Any) -> dict[str, Any]:
     """What ``run.json`` records of the run's optimizer: its name and what the optimizer
     itself reports of the built one (adamw: ``implementation``, fused or foreach)."""
     from acc_train.checkpoint.portable import torch_optimizer

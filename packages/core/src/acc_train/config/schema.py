@@ -31,7 +31,7 @@ from acc_train.config.launch import CheckpointConfig, LaunchConfig
 from acc_train.config.model_data import DataConfig, LoraConfig, ModelConfig
 from acc_train.config.training import OptimizerConfig, SchedulerConfig, TrainingConfig
 from acc_train.strategy import DEFAULT_STRATEGY
-from acc_train.trackers import TRACKER_MODULES, TrackerConfig
+from acc_train.outputs.trackers import TRACKER_MODULES, TrackerConfig
 
 __all__ = [
     "JobConfig", "ModelConfig", "DataConfig", "OptimizerConfig", "SchedulerConfig", "TrainingConfig", "TrackerConfig",
@@ -66,7 +66,10 @@ class JobConfig(Section):
     )
     eval: EvalConfig = Field(
         default_factory=EvalConfig,
-        description="What each evaluation runs besides `eval_loss`: generation samples and their settings, and lm-evaluation-harness tasks.",
+        description=(
+            "What each evaluation runs besides `eval_loss`: generation samples and their settings, lm-evaluation-harness "
+            "tasks, and the evaluators plugins register (`NAME: {options}`)."
+        ),
     )
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig,

@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 
 from acc_train.errors import UserError
-from acc_train.user_files import read_user_text
-from acc_train.yaml_loader import Loader, YamlRefused, load_yaml
+from acc_train.files.user_files import read_user_text
+from acc_train.files.yaml_loader import Loader, YamlRefused, load_yaml
 
 __all__ = ["Loader", "Sources", "read_yaml_file", "parse_set", "set_dotted", "deep_merge"]
 

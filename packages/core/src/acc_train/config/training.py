@@ -19,10 +19,10 @@ from acc_train.config.base import (
 )
 from acc_train.config.compile import CompileConfig
 from acc_train.errors import UserError
-from acc_train.trackers import TrackerConfig, owned_key_error
+from acc_train.outputs.trackers import TrackerConfig, owned_key_error
 
 if TYPE_CHECKING:
-    from acc_train.tracker_kinds import TrackerKind
+    from acc_train.outputs.tracker_kinds import TrackerKind
 
 __all__ = ["OptimizerConfig", "SchedulerConfig", "TrainingConfig"]
 

@@ -29,7 +29,7 @@ from acc_train.errors import UserError
 
 if TYPE_CHECKING:
     from acc_train.config import DataConfig
-    from acc_train.data_kind import DataKind
+    from acc_train.contracts.data_kind import DataKind
 
 __all__ = ["KEPT", "TRUNCATED", "DROPPED", "EMPTY", "token_dtype", "tokenize_files", "write_split", "open_split", "in_memory_split"]
 

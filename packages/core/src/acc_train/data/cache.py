@@ -35,11 +35,11 @@ from acc_train.data import build, pack
 from acc_train.data.files import data_kind
 from acc_train.data.rows import Split
 from acc_train.errors import UserError
-from acc_train.output_paths import replace_file
+from acc_train.files.output_paths import replace_file
 
 if TYPE_CHECKING:
     from acc_train.config import DataConfig
-    from acc_train.data_kind import DataKind
+    from acc_train.contracts.data_kind import DataKind
 
 __all__ = ["FORMAT_VERSION", "PreparedData", "cache_root", "fingerprint", "prepare_data", "demo_data"]
 
@@ -186,7 +186,7 @@ def _build(cfg: DataConfig, tokenizer: Any, root: Path, key: str, num_proc: int)
             if not (root / key / "meta.json").is_file():
                 raise
     except Exception as exc:
-        from acc_train.disk_full import disk_full_error
+        from acc_train.files.disk_full import disk_full_error
 
         full = disk_full_error(exc, work, what="while building the token cache in", done="the partial cache entry was removed",
                                hint="free space there, or set data.cache_dir to a filesystem with room, then run the same command again")

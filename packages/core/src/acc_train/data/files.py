@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.errors import UserError
-from acc_train.user_files import read_user_text
+from acc_train.files.user_files import read_user_text
 
 if TYPE_CHECKING:
     from acc_train.config import DataConfig
-    from acc_train.data_kind import DataKind
+    from acc_train.contracts.data_kind import DataKind
 
 __all__ = ["FORMATS", "CHECK_BYTES", "infer_format", "data_kind", "check_data_files", "load_error"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from acc_train.data_kind import DataKind, Tokenized
+from acc_train.contracts.data_kind import DataKind, Tokenized
 from acc_train.errors import UserError
 
 if TYPE_CHECKING:

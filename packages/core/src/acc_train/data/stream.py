@@ -38,7 +38,7 @@ from acc_train.errors import UserError
 
 if TYPE_CHECKING:
     from acc_train.config import DataConfig
-    from acc_train.data_kind import DataKind
+    from acc_train.contracts.data_kind import DataKind
 
 __all__ = ["READ_SIZE", "STATE_VERSION", "COUNTS", "StreamPosition", "StreamRows", "DeviceBatches", "StreamedData", "first_rows"]
 

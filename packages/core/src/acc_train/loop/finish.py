@@ -11,13 +11,13 @@ from typing import Any
 
 from acc_train.checkpoint import TrainerState
 from acc_train.config.optimizer import optimizer_summary
+from acc_train.evaluation.kinds import evaluation_summary
 from acc_train.loop.loop import LoopResult
-from acc_train.mfu import mfu
-from acc_train.model_state import ModelStateMeter
-from acc_train.output_paths import fresh_directory, readable, replace_directory, replace_file
+from acc_train.outputs.mfu import mfu
+from acc_train.memory.state import ModelStateMeter
+from acc_train.files.output_paths import fresh_directory, readable, replace_directory, replace_file
 from acc_train.run import RunContext
-from acc_train.samples_file import SAMPLES_FILE, read_samples
-from acc_train.torch_compile import compile_summary
+from acc_train.loop.torch_compile import compile_summary
 
 __all__ = ["summarize", "write_run_json", "save_final", "peak_memory_bytes"]
 
@@ -52,7 +52,7 @@ def _param_checksum(model: Any) -> float:
 def _dtypes(run: RunContext) -> dict[str, str | None]:
     """This rank's ``param_dtype`` and ``master_dtype``, measured by the strategy's meter; without
     one, the trainable parameters' dtype, and the master dtype unknown."""
-    from acc_train.model_state import dtype_name
+    from acc_train.memory.state import dtype_name
 
     measured = run.model_state_meter.dtypes() if run.model_state_meter is not None else {}
     if measured.get("param_dtype") is None:
@@ -109,7 +109,7 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
     tokens_per_s = result.tokens / result.elapsed_s if result.elapsed_s > 0 else None
     basis = run.mfu_basis or {}
     times, blocked, overlap = result.step_times, result.checkpoint_blocked_s, result.checkpoint_overlap_s
-    return {
+    summary = {
         "strategy": job.config.strategy["name"],
         "strategy_options": job.strategy.options.model_dump(mode="json"),
         "distributed_type": str(accelerator.distributed_type),
@@ -126,11 +126,6 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         "epoch": state.epoch,
         "final_loss": result.last_loss,
         "best_loss": result.best_loss,
-        "final_eval_loss": result.eval_loss,
-        "samples": _samples_summary(run),
-        # eval.harness_tasks: the last scores, {task: {metric: value}}, and the step they were taken after
-        "harness": result.harness,
-        "harness_step": result.harness_step,
         "tokens": state.tokens,
         # real tokens (padding left out) of this run's steps over its loop's wall time
         "tokens_per_s": tokens_per_s,
@@ -158,16 +153,9 @@ def summarize(run: RunContext, state: TrainerState, result: LoopResult, resumed_
         # setup: from the launch (the command's start) to the first training batch in hand
         "data": {**data, "setup_s": round(result.first_batch_at - started_at, 3) if result.first_batch_at else None},
     }
-
-
-def _samples_summary(run: RunContext) -> dict[str, Any] | None:
-    """``run.json``'s ``samples``: the file and the last evaluation's completions (main
-    process; None without ``eval.samples``)."""
-    if not run.config.eval.samples:
-        return None
-    rows = read_samples(run.output_dir) if run.is_main_process else []
-    step = max((row["step"] for row in rows), default=None)
-    return {"file": SAMPLES_FILE, "step": step, "last": [{"prompt": r["prompt"], "completion": r["completion"]} for r in rows if r["step"] == step]}
+    # each evaluator's last metrics and their step ({name: {"step": N, "metrics": {...}}}), and the keys of
+    # its own (the built-ins': final_eval_loss, samples, harness, harness_step)
+    return {**summary, **evaluation_summary(run, result.evaluations, taken=summary)}
 
 
 def write_run_json(run: RunContext, summary: dict[str, Any]) -> None:
@@ -193,7 +181,7 @@ def _save_in_dtype(model: Any, state_dict: dict[str, Any], dtype: Any, directory
 def _write_card(run: RunContext, summary: dict[str, Any], directory: Path, adapter: bool) -> None:
     """``README.md``, the model card, into ``directory``; best effort: a card that cannot be
     made is a warning, never the loss of the trained model."""
-    from acc_train.model_card import model_card
+    from acc_train.outputs.model_card import model_card
 
     try:
         card = model_card(run.job.to_yaml(), run.job.config, summary, adapter=adapter)
@@ -207,11 +195,11 @@ def _write_card(run: RunContext, summary: dict[str, Any], directory: Path, adapt
 
 def save_final(run: RunContext, tokenizer: Any, summary: dict[str, Any] | None = None) -> None:
     """``final/``: the consolidated model as ``save_pretrained`` safetensors in
-    :func:`~acc_train.model.final_dtype` (a bf16-stored model is written back in bf16), moved in
+    :func:`~acc_train.model.build.final_dtype` (a bf16-stored model is written back in bf16), moved in
     atomically; under ``model.lora``, the adapter directory PEFT loads onto the base model.
-    With the run's ``summary``, a model card (``README.md``, :mod:`acc_train.model_card`)."""
-    from acc_train.adapters import is_adapter_model, save_adapter
-    from acc_train.model import final_dtype
+    With the run's ``summary``, a model card (``README.md``, :mod:`acc_train.outputs.model_card`)."""
+    from acc_train.model.adapters import is_adapter_model, save_adapter
+    from acc_train.model.build import final_dtype
 
     accelerator, model, out = run.accelerator, run.model, run.output_dir
     dtype = final_dtype(run.job.config)  # on every rank: a config that cannot be read fails them all, none waits
@@ -231,7 +219,7 @@ def save_final(run: RunContext, tokenizer: Any, summary: dict[str, Any] | None =
             if summary is not None:
                 _write_card(run, summary, tmp, adapter=is_adapter_model(unwrapped))
         except BaseException as exc:  # a full disk, say: no partial final/ left behind
-            from acc_train.disk_full import disk_full_error
+            from acc_train.files.disk_full import disk_full_error
 
             full = disk_full_error(exc, tmp, what="while writing the final model into", done="the partial final/ was removed; the checkpoints are intact")
             shutil.rmtree(tmp, ignore_errors=True)

@@ -6,7 +6,7 @@ It knows nothing strategy-specific and fires lifecycle hooks rather than writing
 (core's reporter writes ``metrics.jsonl``). It reads values back from the accelerator only every
 ``training.read_every`` steps and before an evaluation, a checkpoint, a stop and the end
 (:mod:`acc_train.loop.ledger`): every other step queues its work and goes on, and the ranks
-agree on a stop request over gloo (:class:`acc_train.stop_signals.StopAgreement`).
+agree on a stop request over gloo (:class:`acc_train.launch.stop_signals.StopAgreement`).
 
 Step time, as ``run.json`` reports it, is the time between the ends of consecutive steps (on
 the device's timeline where it has one), so it holds fetching the batches, forward and backward
@@ -25,19 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point, step_dir_name
 from acc_train.errors import UserError
-from acc_train.harness import run_harness
+from acc_train.evaluation.kinds import job_evaluators, metrics_problem
 from acc_train.loop.ledger import StepClock, StepLedger, StepReading, StepValues
 from acc_train.loop.loss import eval_loss, packed_mask_kind, sequence_shards, step_windows, token_loss
-from acc_train.loop.samples import Samples
-from acc_train.mfu import mfu
+from acc_train.outputs.mfu import mfu
 from acc_train.plugins import call_lifecycle
 from acc_train.run import RunContext
-from acc_train.stop_signals import StopAgreement
+from acc_train.launch.stop_signals import StopAgreement
 
 if TYPE_CHECKING:
     from acc_train.data import ResumableSampler
     from acc_train.data.stream import StreamRows
-    from acc_train.stop_signals import StopRequest
+    from acc_train.launch.stop_signals import StopRequest
 
 __all__ = ["WARMUP_STEPS", "LoopInputs", "LoopResult", "run_loop", "evaluate"]
 
@@ -76,10 +75,8 @@ class LoopResult:
     step_times: list[float] = field(default_factory=list)
     last_loss: float | None = None
     best_loss: float | None = None
-    eval_loss: float | None = None
-    #: the last scores of ``eval.harness_tasks`` (``{task: {metric: value}}``) and their step
-    harness: dict[str, dict[str, float]] | None = None
-    harness_step: int | None = None
+    #: each evaluator's last metrics and their step, by its name: ``{"step": N, "metrics": {...}}``
+    evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: committed checkpoints, in order
     saved: list[str] = field(default_factory=list)
     #: the signal the ranks agreed to stop on (a checkpoint of the last step was written), or None
@@ -96,10 +93,6 @@ class LoopResult:
     first_batch_at: float | None = None
     #: real tokens (padding left out) this run trained on, all ranks
     tokens: int = 0
-
-
-#: the evaluation loss's config keys, as an evaluation failure names them
-EVAL_LOSS = "data.eval_files / data.eval_fraction"
 
 
 def evaluation_failed(where: str, step: int, exc: Exception, saved: list[str]) -> UserError:
@@ -152,9 +145,9 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     ledger = StepLedger(accelerator)
     agreement = StopAgreement(inputs.stop) if inputs.stop is not None else None
     every = cfg.checkpoint.every
-    samples = Samples(run, state.step)  # eval.samples: generated at each evaluation, eval data or not
-    harness = bool(cfg.eval.harness_tasks)  # eval.harness_tasks (lm-evaluation-harness): likewise
-    evaluates = inputs.eval_dl is not None or samples.active or harness
+    # the evaluators the job asks for, each started for this run (None: nothing to do in it)
+    evaluators = [(kind, call) for kind in job_evaluators(cfg) if (call := kind.start(run, inputs.eval_dl)) is not None]
+    evaluates = bool(evaluators)
 
     def evaluating(step: int) -> bool:
         return evaluates and (bool(t_cfg.eval_every and step % t_cfg.eval_every == 0) or step >= run.max_steps)
@@ -200,33 +193,30 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
 
     manager.on_commit = committed
 
-    def eval_loss_now(step: int) -> None:
-        result.eval_loss = evaluate(accelerator, model, inputs.eval_dl, mask, attention_config)
-        call_lifecycle("acc_train_eval_end", run=run, step=step, metrics={"step": step, "eval_loss": result.eval_loss})
-
-    def harness_now(step: int) -> None:
-        result.harness, result.harness_step = run_harness(run, step), step
-
-    evaluators = [
-        *([(EVAL_LOSS, eval_loss_now)] if inputs.eval_dl is not None else []),
-        *([("eval.samples", samples.at_evaluation)] if samples.active else []),
-        *([("eval.harness_tasks", harness_now)] if harness else []),
-    ]
-
     def run_evaluations(step: int) -> None:
-        """The step's evaluations, after its checkpoint (when one is due) is saved: one that
-        raises (lm-eval out of memory, a task's dataset gone) stops the run as a UserError
-        naming it and the step, with every checkpoint saved so far committed, so no trained
-        step is lost to it and ``--resume latest`` continues (as HF Trainer and Lightning, the
-        run stops rather than train on without the scores it was asked for)."""
-        for where, evaluate_one in evaluators:
+        """The step's evaluations, after its checkpoint (when one is due) is saved, each
+        evaluator's metrics recorded by one path: ``acc_train_eval_end`` with the row (core's
+        reporter writes it to ``metrics.jsonl`` and the trackers) and ``run.json``'s
+        ``evaluations``. One that raises (lm-eval out of memory, a task's dataset gone) or
+        returns what is not metrics stops the run as a UserError naming it and the step, with
+        every checkpoint saved so far committed, so no trained step is lost to it and
+        ``--resume latest`` continues (as HF Trainer and Lightning, the run stops rather than
+        train on without the scores it was asked for)."""
+        for kind, evaluate_one in evaluators:
             try:
-                evaluate_one(step)
+                metrics = evaluate_one(step)
+                problem = metrics_problem(metrics) if metrics is not None else None
+                if problem is not None:
+                    raise UserError(f"evaluator {kind.name!r} {problem}", hint="an evaluator returns {name: number} (or nested mappings of them), or None")
+                if metrics:
+                    metrics = dict(metrics)
+                    result.evaluations[kind.name] = {"step": step, "metrics": metrics}
+                    call_lifecycle("acc_train_eval_end", run=run, step=step, metrics={"step": step, **metrics})
             except torch.distributed.DistError:
                 raise  # a lost peer is the process group's failure, reported as such (no collective now)
             except Exception as exc:  # noqa: BLE001 - whatever failed is reported by name, the checkpoint kept
                 manager.finish()  # an asynchronous save still being written is committed first
-                raise evaluation_failed(where, step, exc, result.saved) from exc
+                raise evaluation_failed(kind.where, step, exc, result.saved) from exc
     model.train()
     clock = StepClock(accelerator.device)
     step_loss: Any = None
@@ -317,7 +307,10 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                 log_rows(ledger.read_local())
         raise
     finally:
-        samples.close()
+        for _, evaluate_one in evaluators:
+            close = getattr(evaluate_one, "close", None)
+            if close is not None:
+                close()
     if agreement is not None:
         agreement.close()
     # an asynchronous last save is committed before the run is summed up

@@ -29,15 +29,15 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from acc_train.prompt_text import decode_tokens, encode_prompt
-from acc_train.samples_file import SAMPLES_FILE, append_rows, start_samples_file
-from acc_train.trackers import log_samples
+from acc_train.model.prompt_text import decode_tokens, encode_prompt
+from acc_train.outputs.samples_file import SAMPLES_FILE, append_rows, read_samples, start_samples_file
+from acc_train.outputs.trackers import log_samples
 
 if TYPE_CHECKING:
     from acc_train.config.evaluation import EvalConfig
     from acc_train.run import RunContext
 
-__all__ = ["Samples", "complete", "sample_seed"]
+__all__ = ["Samples", "complete", "sample_seed", "samples_summary"]
 
 
 def sample_seed(seed: int, step: int, index: int) -> int:
@@ -119,7 +119,7 @@ class Samples:
             if run.is_main_process and resumed_step and (run.output_dir / SAMPLES_FILE).is_file():
                 os.close(start_samples_file(run.output_dir / SAMPLES_FILE, resumed_step))  # steps it redoes have none now
             return
-        from acc_train.model import load_tokenizer
+        from acc_train.model.build import load_tokenizer
 
         self.tokenizer = load_tokenizer(cfg.model)
         self.ids = [encode_prompt(self.tokenizer, p, where=f"eval.samples[{i}]") for i, p in enumerate(self.prompts)]
@@ -146,3 +146,13 @@ class Samples:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def samples_summary(run: RunContext) -> dict[str, Any] | None:
+    """``run.json``'s ``samples``: the file and the last evaluation's completions (main
+    process; None without ``eval.samples``)."""
+    if not run.config.eval.samples:
+        return None
+    rows = read_samples(run.output_dir) if run.is_main_process else []
+    step = max((row["step"] for row in rows), default=None)
+    return {"file": SAMPLES_FILE, "step": step, "last": [{"prompt": r["prompt"], "completion": r["completion"]} for r in rows if r["step"] == step]}

@@ -78,7 +78,7 @@ def make_accelerator(job: ResolvedJob) -> Accelerator:
     from acc_train.accelerate_compat import probe_libraries_once, skip_unused_library_imports
     from acc_train.accelerator import Accelerator
     from acc_train.run import accelerate_log_with
-    from acc_train.torch_compile import dynamo_plugin
+    from acc_train.loop.torch_compile import dynamo_plugin
 
     skip_unused_library_imports()  # acc-train's own loop: a user's script (acc-train launch) is left as it is
     probe_libraries_once()
@@ -107,7 +107,7 @@ def load_data(job: ResolvedJob, accelerator: Accelerator) -> TrainData:
     from torch.utils.data import DataLoader
 
     from acc_train.data import Collate, ResumableSampler, TokenRows, demo_data, prepare_data
-    from acc_train.model import load_tokenizer
+    from acc_train.model.build import load_tokenizer
 
     cfg = job.config
     t_cfg = cfg.training
@@ -198,8 +198,8 @@ def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
     ``training.gradient_checkpointing``, set to recompute its layers' activations; with
     ``model.lora``, wrapped by PEFT (only the adapters train)."""
     from acc_train.machine import current_machine
-    from acc_train.model import build_model as build
-    from acc_train.model import check_attn_implementation, enable_gradient_checkpointing
+    from acc_train.model.build import build_model as build
+    from acc_train.model.build import check_attn_implementation, enable_gradient_checkpointing
 
     cfg = job.config
     if cfg.model.dtype in ("bf16", "fp16"):
@@ -228,7 +228,7 @@ def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
     if cfg.training.gradient_checkpointing:  # after the fingerprint: use_cache is a training setting, not the model
         enable_gradient_checkpointing(model)
     if cfg.model.lora is not None:  # the base model's config and class stay the fingerprint
-        from acc_train.adapters import apply_lora
+        from acc_train.model.adapters import apply_lora
 
         built.model = apply_lora(model, cfg)
     return built
@@ -238,7 +238,7 @@ def _optimizer(model: Any, job: ResolvedJob, accelerator: Accelerator) -> Any:
     """The optimizer ``optimizer.name`` selects, once it is known to run here under this
     strategy; biases and norm weights get no weight decay."""
     from acc_train.config.optimizer import check_optimizer
-    from acc_train.optimizer import parameter_groups
+    from acc_train.model.optimizer import parameter_groups
 
     cfg = job.config.optimizer
     kind = check_optimizer(job, accelerator.acc_machine)
@@ -271,7 +271,7 @@ def prepare(job: ResolvedJob, accelerator: Accelerator, built: BuiltModel, data:
 
 def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltModel, data: TrainData) -> CheckpointManager:
     """The run's checkpoints, in the format the strategy names."""
-    from acc_train.adapters import adapter_manifest
+    from acc_train.model.adapters import adapter_manifest
 
     cfg = job.config
     t_cfg = cfg.training

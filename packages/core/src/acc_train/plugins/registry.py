@@ -14,7 +14,7 @@ from acc_train.strategy import Strategy, WrapPolicy, legacy_contract_problem
 
 __all__ = [
     "KNOWN_STRATEGY_PACKAGES", "NameConflictError", "Registry", "StrategyRegistry", "strategies", "wrap_policies",
-    "checkpoint_formats", "data_kinds", "optimizers", "plugin_failures", "reset", "trackers",
+    "checkpoint_formats", "data_kinds", "optimizers", "plugin_failures", "reset", "trackers", "evaluators",
 ]  # fmt: skip
 
 
@@ -126,6 +126,14 @@ class Registry(Generic[T]):
             seen.setdefault(id(obj), (obj, owner))
         return sorted(seen.values(), key=lambda e: getattr(e[0], "name", ""))
 
+    def registered(self) -> list[tuple[T, str]]:
+        """Each registered object once, with its owner, in the order they registered (core's
+        own plugin first, then the entry points by name)."""
+        seen: dict[int, tuple[T, str]] = {}
+        for obj, owner in self._load().values():
+            seen.setdefault(id(obj), (obj, owner))
+        return list(seen.values())
+
     def owner(self, name: str) -> str:
         return self._load()[name][1]
 
@@ -214,19 +222,25 @@ def _checkpoint_format_base() -> type:
 
 
 def _data_kind_base() -> type:
-    from acc_train.data_kind import DataKind
+    from acc_train.contracts.data_kind import DataKind
 
     return DataKind
 
 
 def _tracker_base() -> type:
-    from acc_train.tracker_kinds import TrackerKind
+    from acc_train.outputs.tracker_kinds import TrackerKind
 
     return TrackerKind
 
 
+def _evaluator_base() -> type:
+    from acc_train.contracts.evaluator import EvaluatorKind
+
+    return EvaluatorKind
+
+
 def _optimizer_base() -> type:
-    from acc_train.optimizer import OptimizerKind
+    from acc_train.model.optimizer import OptimizerKind
 
     return OptimizerKind
 
@@ -238,6 +252,7 @@ _REGISTRIES: dict[str, Registry[Any]] = {
     "data_kind": Registry("data kind", "acc_train_register_data_kinds", _data_kind_base),
     "optimizer": Registry("optimizer", "acc_train_register_optimizers", _optimizer_base),
     "tracker": Registry("tracker", "acc_train_register_trackers", _tracker_base),
+    "evaluator": Registry("evaluator", "acc_train_register_evaluators", _evaluator_base),
 }
 
 
@@ -265,10 +280,14 @@ def trackers() -> Registry[Any]:
     return _REGISTRIES["tracker"]
 
 
+def evaluators() -> Registry[Any]:
+    return _REGISTRIES["evaluator"]
+
+
 def plugin_failures() -> list[PluginFailure]:
     """Plugins that failed to import or register, after loading."""
     get_plugin_manager()
-    strategies(), wrap_policies(), checkpoint_formats(), data_kinds(), optimizers(), trackers()
+    strategies(), wrap_policies(), checkpoint_formats(), data_kinds(), optimizers(), trackers(), evaluators()
     return list(_failures)
 
 

@@ -46,8 +46,8 @@ def _build_model(job: ResolvedJob) -> Any:
     read), in ``model.dtype``, checkpointed and with LoRA as a run sets them."""
     import transformers
 
-    from acc_train.adapters import apply_lora
-    from acc_train.model import enable_gradient_checkpointing, model_config, training_dtype
+    from acc_train.model.adapters import apply_lora
+    from acc_train.model.build import enable_gradient_checkpointing, model_config, training_dtype
 
     cfg = job.config
     mcfg = model_config(cfg)
@@ -66,7 +66,7 @@ def _optimizer(model: Any, job: ResolvedJob) -> Any:
     import torch
 
     from acc_train.config.optimizer import optimizer_kind
-    from acc_train.optimizer import parameter_groups
+    from acc_train.model.optimizer import parameter_groups
 
     cfg = job.config.optimizer
     optimizer = optimizer_kind(cfg.name).build(parameter_groups(model, cfg.weight_decay), cfg, torch.device(TARGET_DEVICE))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from acc_train.metrics import MetricsRow, read_metrics
+from acc_train.outputs.metrics import MetricsRow, read_metrics
 from acc_train.testing.runs import KIT_RESUME_STEP, KIT_STEPS, REFERENCE_STRATEGY, KitRuns
 
 __all__ = ["TestStrategyConformance"]

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from acc_train.errors import UserError
-from acc_train.output_paths import replace_file
-from acc_train.tracker_kinds import TRACKER_MODULES, TrackerKind, builtin_tracker_kinds, new_wandb_id
+from acc_train.files.output_paths import replace_file
+from acc_train.outputs.tracker_kinds import TRACKER_MODULES, TrackerKind, builtin_tracker_kinds, new_wandb_id
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -49,7 +49,7 @@ DEFAULT_PROJECT = "acc-train"
 
 #: init_kwargs that Accelerate or acc-train pass to every tracker, and the setting that says them
 #: instead (a second value would be a duplicate argument, or silently lose); a tracker's own are
-#: its kind's ``owned_keys`` (:class:`acc_train.tracker_kinds.TrackerKind`)
+#: its kind's ``owned_keys`` (:class:`acc_train.outputs.tracker_kinds.TrackerKind`)
 OWNED_KEYS: dict[str, dict[str, str]] = {
     "*": {"run_name": "training.tracker.project", "logging_dir": "output_dir (its logs/ folder)"},
 }
@@ -228,7 +228,7 @@ def log_samples(accelerator: Accelerator, step: int, rows: list[dict[str, Any]])
     """Send one evaluation's generation samples (``samples.jsonl`` rows) to the trackers that
     take text (main process): TensorBoard a Markdown table (its text tab, ``samples``), W&B a
     table (``samples``), MLflow a text artifact (``samples/step-NNNNNN.md``). Others get none."""
-    from acc_train.prompt_text import prompt_label
+    from acc_train.model.prompt_text import prompt_label
 
     table = [[row["step"], row["index"], prompt_label(row["prompt"]), row["completion"], row["new_tokens"]] for row in rows]
     columns = ["step", "index", "prompt", "completion", "new_tokens"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from acc_train.adapters import apply_lora
+from acc_train.model.adapters import apply_lora
 from acc_train.errors import UserError
 
 if TYPE_CHECKING:
-    from acc_train.config import JobConfig, ModelConfig
+    from acc_train.contracts.protocols import JobConfigView, Section
 
 __all__ = ["DEMO_MODEL_CONFIG", "TRAINING_DTYPES", "training_dtype", "build_model", "load_tokenizer", "check_model_path", "check_model_builds",
            "meta_model", "model_config", "final_dtype", "config_source", "check_attn_implementation", "FLASH_ATTENTION_PACKAGES", "enable_gradient_checkpointing"]
@@ -37,7 +37,7 @@ def _looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).exists()
 
 
-def check_model_path(cfg: ModelConfig) -> None:
+def check_model_path(cfg: Section) -> None:
     """Fail before launch on a local model or tokenizer path that cannot load (no torch needed)."""
     for key in ("name_or_path", "tokenizer"):
         name = getattr(cfg, key)
@@ -66,7 +66,7 @@ MAX_LAYERS = 10_000
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 
 
-def config_source(config: JobConfig) -> tuple[str, str]:
+def config_source(config: JobConfigView) -> tuple[str, str]:
     """(what the model's config is, the key that names it): ``DIR/config.json`` and
     ``model.name_or_path``, or ``the demo model config`` and ``model.config``."""
     name = config.model.name_or_path
@@ -76,7 +76,7 @@ def config_source(config: JobConfig) -> tuple[str, str]:
     return (str(path / "config.json") if path.is_dir() else name), "model.name_or_path"
 
 
-def _refuse_config(config: JobConfig, exc: BaseException, doing: str = "", hint: str | None = None) -> UserError:
+def _refuse_config(config: JobConfigView, exc: BaseException, doing: str = "", hint: str | None = None) -> UserError:
     """A transformers error about the user's model config, as a UserError naming the file."""
     what, where = config_source(config)
     detail = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:400] or type(exc).__name__
@@ -87,7 +87,7 @@ def _refuse_config(config: JobConfig, exc: BaseException, doing: str = "", hint:
     )
 
 
-def model_config(config: JobConfig) -> Any:
+def model_config(config: JobConfigView) -> Any:
     """The job's model config (a transformers ``PretrainedConfig``), without building the model;
     a config transformers rejects, or one too large to build, is a UserError naming its file."""
     import transformers
@@ -136,7 +136,7 @@ def _from_pretrained(loader: Any, mcfg: Any, what: str, **kwargs: Any) -> Any:
 BUILD_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, ZeroDivisionError, OverflowError, MemoryError)
 
 
-def meta_model(config: JobConfig) -> tuple[Any, Any]:
+def meta_model(config: JobConfigView) -> tuple[Any, Any]:
     """(the job's model built on the meta device, with ``model.lora``'s adapters, its config):
     nothing is allocated, so this checks any config before launch; what transformers cannot
     build is a UserError."""
@@ -197,7 +197,7 @@ def check_packing_boundaries(model_config: Any, packs: bool) -> None:
     )
 
 
-def check_model_builds(config: JobConfig, strategy: Any = None, packs: bool | None = None) -> Any | None:
+def check_model_builds(config: JobConfigView, strategy: Any = None, packs: bool | None = None) -> Any | None:
     """Fail before launch on a model config transformers rejects or cannot build, one the
     ``strategy`` cannot split, one whose layers cannot keep packed examples apart when the rows
     are packed (``packs``: ``acc_train.api.packs_rows``), or a tokenizer it cannot load; the
@@ -215,7 +215,7 @@ def check_model_builds(config: JobConfig, strategy: Any = None, packs: bool | No
 TRAINING_DTYPES = {"auto": "float32", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def training_dtype(mcfg: ModelConfig) -> Any:
+def training_dtype(mcfg: Section) -> Any:
     """The torch dtype ``model.dtype`` holds the parameters in: fp32 unless pure low-precision
     training is asked for, whatever dtype the checkpoint is stored in (transformers 5 would load
     a bf16 hub checkpoint as bf16, and train it with no fp32 master copy)."""
@@ -224,7 +224,7 @@ def training_dtype(mcfg: ModelConfig) -> Any:
     return getattr(torch, TRAINING_DTYPES[mcfg.dtype])
 
 
-def final_dtype(config: JobConfig) -> Any:
+def final_dtype(config: JobConfigView) -> Any:
     """The torch dtype ``final/`` is written in: under ``model.dtype: auto`` the dtype the
     pretrained checkpoint is stored in (its config.json, what transformers loads it as: a bf16
     hub model fine-tuned with fp32 masters is written back in bf16, as HF Trainer and axolotl
@@ -239,7 +239,7 @@ def final_dtype(config: JobConfig) -> Any:
     return stored if stored in (torch.bfloat16, torch.float16) else torch.float32
 
 
-def build_model(config: JobConfig) -> Any:
+def build_model(config: JobConfigView) -> Any:
     """The job's model, its parameters in :func:`training_dtype`."""
     import transformers
 
@@ -255,7 +255,7 @@ def build_model(config: JobConfig) -> Any:
         raise _refuse_config(config, exc, "cannot build the model: ", "check the config against the weights saved with it; `acc-train plan` shows the memory a model needs per rank") from None
 
 
-def load_tokenizer(mcfg: ModelConfig) -> Any | None:
+def load_tokenizer(mcfg: Section) -> Any | None:
     """The job's tokenizer, or None for byte-level text (the demo model)."""
     name = mcfg.tokenizer or mcfg.name_or_path
     if name is None:
@@ -280,7 +280,7 @@ def load_tokenizer(mcfg: ModelConfig) -> Any | None:
 FLASH_ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn")}
 
 
-def check_attn_implementation(mcfg: ModelConfig, device_type: str) -> None:
+def check_attn_implementation(mcfg: Section, device_type: str) -> None:
     """Refuse a flash-attention kernel on a machine without a CUDA GPU, or without its package
     (no torch needed: called before launch, and by each worker)."""
     import importlib.util
@@ -303,7 +303,7 @@ def check_attn_implementation(mcfg: ModelConfig, device_type: str) -> None:
         )
 
 
-def _check_model_takes_attn(model: Any, mcfg: ModelConfig) -> None:
+def _check_model_takes_attn(model: Any, mcfg: Section) -> None:
     """Refuse an ``attn_implementation`` the model (built on the meta device) does not support."""
     name = mcfg.attn_implementation
     if name is None:

@@ -29,7 +29,7 @@ __all__ = [
 
 INSTALL_HINT = "pip install 'acc-train-core[eval]'"
 #: run.extras key of the tasks a run evaluates (resolved once per run)
-_EXTRAS_KEY = "acc_train.harness"
+_EXTRAS_KEY = "acc_train.evaluation.harness"
 
 
 def require_lm_eval(where: str) -> None:
@@ -180,7 +180,7 @@ def _harness_lm(model: Any, tokenizer: Any | None, batch_size: int, synced: bool
     with a newline before a text that has no context (the byte tokenizer's ``PREFIX_ID``)."""
     from lm_eval.models.huggingface import HFLM
 
-    from acc_train.byte_tokenizer import PREFIX_ID, byte_tokenizer
+    from acc_train.model.byte_tokenizer import PREFIX_ID, byte_tokenizer
 
     class SyncedHFLM(HFLM):
         def _model_generate(self, context: Any, max_length: int, stop: list[str], **generation_kwargs: Any) -> Any:
@@ -204,7 +204,7 @@ def evaluate_tasks(
 ) -> dict[str, dict[str, float]]:
     """Score ``model`` (a transformers model object, used as it is: not moved, not wrapped) on
     ``tasks``; returns ``{task: {metric: value}}``. ``tokenizer`` None: the demo model's bytes
-    (:func:`acc_train.byte_tokenizer.byte_tokenizer`, as ``generate`` reads them). ``synced``:
+    (:func:`acc_train.model.byte_tokenizer.byte_tokenizer`, as ``generate`` reads them). ``synced``:
     several ranks run the same requests together (see :func:`_harness_lm`). ``forks`` False: no
     process is forked (a training worker; see :func:`_no_fork`)."""
     import logging
@@ -247,9 +247,9 @@ def check_job_harness(config: Any) -> HarnessTasks | None:
 
 
 def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
-    """Run ``eval.harness_tasks`` on the run's model after ``step`` (every rank), fire
-    ``acc_train_eval_end`` with ``{"step", "harness"}`` (core's reporter writes it to
-    ``metrics.jsonl`` and the trackers) and return the scores.
+    """Run ``eval.harness_tasks`` on the run's model after ``step`` (every rank) and return the
+    scores (core's evaluator ``harness_tasks``, :mod:`acc_train.loop.evaluators`, records them
+    as ``harness`` by the path every evaluator's metrics take).
 
     Every rank runs the same requests in the same order on the model it trains with, as the
     strategy hands it out for generation (:meth:`acc_train.strategy.Strategy.generation_model`:
@@ -262,8 +262,7 @@ def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
     than one rank, ``generate_until`` tasks generate with ``synced_gpus``, as ``eval.samples``
     does: lockstep by construction, not by every rank's greedy tokens agreeing to the bit.
     """
-    from acc_train.model import load_tokenizer
-    from acc_train.plugins import call_lifecycle
+    from acc_train.model.build import load_tokenizer
 
     cfg = run.config
     settings: HarnessSettings = cfg.eval
@@ -276,5 +275,4 @@ def run_harness(run: RunContext, step: int) -> dict[str, dict[str, float]]:
             model, tokenizer, tasks, limit=settings.harness_limit, num_fewshot=settings.harness_num_fewshot,
             batch_size=settings.harness_batch_size, synced=run.accelerator.num_processes > 1, forks=False,
         )  # fmt: skip
-    call_lifecycle("acc_train_eval_end", run=run, step=step, metrics={"step": step, "harness": scores})
     return scores

@@ -1,17 +1,15 @@
-"""A run's report: a summary table and ``report.png`` (loss, learning rate, throughput and MFU by step).
+"""A run's report: the run read back (:func:`read_run`), its summary table and its samples.
 
 Read from what a run leaves in its output directory (``metrics.jsonl``, ``run.json``,
-``checkpoints/``), so ``acc-train report`` draws it for any run, finished or not, and the
-end of training draws the same one (core's ``builtin`` plugin, on ``acc_train_train_end``).
-matplotlib is imported only when a PNG is drawn.
+``checkpoints/``), so ``acc-train report`` shows it for any run, finished or not, and the
+end of training draws the same one (core's ``builtin`` plugin, on ``acc_train_train_end``);
+:mod:`acc_train.outputs.plot` draws its ``report.png``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,18 +17,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from acc_train.errors import UserError
-from acc_train.metrics import METRICS_FILE, MetricsRow, read_metrics, shape_problem
-from acc_train.output_paths import readable
-from acc_train.prompt_text import prompt_label
-from acc_train.samples_file import SAMPLES_FILE, read_samples
-from acc_train.user_files import read_user_json, read_user_text
+from acc_train.outputs.evaluation_rows import evaluation_rows
+from acc_train.outputs.metrics import METRICS_FILE, MetricsRow, read_metrics, shape_problem
+from acc_train.model.prompt_text import prompt_label
+from acc_train.outputs.samples_file import SAMPLES_FILE, read_samples
+from acc_train.files.user_files import read_user_json, read_user_text
 
 __all__ = [
-    "REPORT_PNG", "RunRecord", "read_run", "read_summary", "read_configured_strategy", "summary_rows", "format_summary", "format_samples",
-    "draw_report", "write_report",
+    "RunRecord", "read_run", "read_summary", "read_configured_strategy", "summary_rows", "format_summary", "format_samples",
 ]  # fmt: skip
-
-REPORT_PNG = "report.png"
 
 
 @dataclass
@@ -40,18 +35,14 @@ class RunRecord:
     output_dir: Path
     #: logged training steps (``loss``, ``lr``, ``tokens_per_s``...), in step order
     steps: list[MetricsRow] = field(default_factory=list)
-    #: evaluations (``step`` and ``eval_loss``, or ``harness``: the scores of ``eval.harness_tasks``)
+    #: evaluators' rows (``step`` and an evaluator's metrics: ``eval_loss``, ``harness``, a plugin's own)
     evals: list[MetricsRow] = field(default_factory=list)
 
     @property
     def loss_evals(self) -> list[MetricsRow]:
-        """The evaluations of the loss."""
+        """The evaluations of the loss (drawn beside the training loss)."""
         return [r for r in self.evals if r.eval_loss is not None]
 
-    @property
-    def harness_evals(self) -> list[MetricsRow]:
-        """The evaluations of ``eval.harness_tasks``."""
-        return [r for r in self.evals if r.harness is not None]
     #: ``run.json``, or None for a run that did not finish
     summary: dict[str, Any] | None = None
     #: the strategy name from ``config.yaml`` (for a run without run.json)
@@ -94,6 +85,15 @@ class _MfuBasis(BaseModel):
     precision: str | None = None
 
 
+class _Evaluation(BaseModel):
+    """An entry of ``run.json``'s ``evaluations``: an evaluator's last metrics and their step."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    step: int | None = None
+    metrics: dict[str, Any] = {}
+
+
 class _Summary(BaseModel):
     """The keys of ``run.json`` the report reads, by type at every depth (a harness score
     too); the run's other keys are kept unchecked. None is allowed: an unfinished figure."""
@@ -113,6 +113,8 @@ class _Summary(BaseModel):
     #: eval.harness_tasks' last scores, ``{task: {metric: value}}``, and the step they were taken after
     harness: dict[str, dict[str, float]] | None = None
     harness_step: int | None = None
+    #: each evaluator's last metrics and their step, by evaluator
+    evaluations: dict[str, _Evaluation] | None = None
 
 
 def read_summary(path: Path) -> dict[str, Any]:
@@ -131,7 +133,7 @@ def read_configured_strategy(path: Path) -> str | None:
     """The strategy name in a run's ``config.yaml`` (a mapping), else a UserError naming it."""
     import yaml
 
-    from acc_train.yaml_loader import Loader
+    from acc_train.files.yaml_loader import Loader
 
     hint = "config.yaml is the resolved config a run writes; restore it, or remove it"
     text = read_user_text(path, what="run config", hint=hint)
@@ -210,7 +212,6 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     tokens_per_s = s.get("tokens_per_s", last.tokens_per_s if last else None)
     mfu = s.get("mfu", last.mfu if last else None)
     final_loss = s.get("final_loss", last.loss if last else None)
-    eval_row = record.loss_evals[-1] if record.loss_evals else None
     rows = [
         ("run", str(record.output_dir) + ("" if record.summary else "  (no run.json: unfinished; figures from metrics.jsonl)")),
         ("strategy", strategy),
@@ -220,9 +221,8 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
         ("MFU", _fmt_mfu(mfu, s.get("mfu_basis"))),
         ("final loss", _fmt_loss(final_loss)),
         ("best loss", f"{_fmt_loss(best.loss)} (step {best.step})" if best else "-"),
-        ("eval loss", f"{_fmt_loss(eval_row.eval_loss)} (step {eval_row.step})" if eval_row else "-"),
     ]
-    rows += _harness_rows(record)
+    rows += evaluation_rows(_evaluations(record))
     if s.get("elapsed_s") is not None:
         rows.append(("training time", f"{s['elapsed_s']:.1f} s"))
     if record.checkpoints:
@@ -233,25 +233,13 @@ def summary_rows(record: RunRecord) -> list[tuple[str, str]]:
     return rows
 
 
-def _harness_rows(record: RunRecord) -> list[tuple[str, str]]:
-    """One row per task of the last ``eval.harness_tasks`` scores (``metrics.jsonl``'s last
-    harness row, else ``run.json``'s): ``harness TASK  METRIC VALUE, ... (step N)``; how the
-    first metric moved over the run, when it ran more than once."""
-    rows = record.harness_evals
-    last = rows[-1].harness if rows else (record.summary or {}).get("harness")
-    step = rows[-1].step if rows else (record.summary or {}).get("harness_step")
-    if not last:
-        return []
-    out = []
-    for task, metrics in last.items():  # read_metrics and read_summary checked every score's type
-        shown = ", ".join(f"{m} {v:.4f}" for m, v in metrics.items() if not m.endswith("_stderr"))
-        first = next((m for m in metrics if not m.endswith("_stderr")), None)
-        history = [r.harness[task][first] for r in rows if first is not None and first in (r.harness or {}).get(task, {})]
-        shown += f" (step {step})"
-        if len(history) > 1:
-            shown += f"; {first} by evaluation: " + " -> ".join(f"{v:.4f}" for v in history)
-        out.append((f"harness {task}", shown))
-    return out
+def _evaluations(record: RunRecord) -> list[tuple[int, dict[str, Any]]]:
+    """(step, metrics) of every evaluator's row, in the order written: ``metrics.jsonl``'s, else
+    the last ones ``run.json`` kept (``evaluations``)."""
+    if record.evals:
+        return [(row.step, row.evaluation) for row in record.evals]
+    kept = (record.summary or {}).get("evaluations") or {}
+    return [(entry.get("step"), entry.get("metrics") or {}) for entry in kept.values() if isinstance(entry, dict)]
 
 
 def format_summary(record: RunRecord) -> str:
@@ -281,100 +269,3 @@ def format_samples(record: RunRecord, prompt: int = 0) -> str:
     width = len(str(max(r["step"] for r in chosen)))
     lines += [f"  step {str(r['step']).rjust(width)}  {_indented(r['completion'], ' ' * (width + 9))}" for r in chosen]
     return "\n".join(lines)
-
-
-def _smoothed(values: list[float], window: int) -> list[float]:
-    """A trailing mean: step-to-step noise hides the trend of a short run's loss."""
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
-
-
-def draw_report(record: RunRecord, path: str | Path | None = None) -> Path:
-    """Draw loss (and eval loss), learning rate and tokens/s against step into a PNG."""
-    from matplotlib.figure import Figure  # no pyplot: no global backend, Agg draws the file
-
-    target = Path(path) if path is not None else record.output_dir / REPORT_PNG
-    steps = [r.step for r in record.steps]
-    fig = Figure(figsize=(10, 9), dpi=110, layout="constrained")
-    ax_loss, ax_lr, ax_tps = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 1, 1])
-    rows = dict(summary_rows(record))
-    fig.suptitle(
-        f"{record.output_dir.name}: {rows['strategy']}, world size {rows['world size']}, {rows['steps']} steps\n"
-        f"final loss {rows['final loss']}, eval loss {rows['eval loss']}, {rows['tokens/s']} tokens/s, MFU {rows['MFU'].split(' ')[0]}",
-        fontsize=13,
-    )
-
-    losses = [r.loss for r in record.steps]
-    if losses:
-        window = max(1, len(losses) // 25)
-        ax_loss.plot(steps, losses, color="tab:blue", alpha=0.35 if window > 1 else 1.0, lw=1, label="train loss")
-        if window > 1:
-            ax_loss.plot(steps, _smoothed(losses, window), color="tab:blue", lw=2, label=f"train loss, mean of {window} steps")
-        best = min(record.steps, key=lambda r: r.loss)
-        ax_loss.plot([best.step], [best.loss], "*", color="tab:red", ms=12, zorder=5, label=f"best {best.loss:.4f} (step {best.step})")
-    if record.loss_evals:
-        ax_loss.plot(
-            [r.step for r in record.loss_evals], [r.eval_loss for r in record.loss_evals],
-            "o-", color="tab:orange", lw=1.5, ms=6, label="eval loss",
-        )  # fmt: skip
-    for name, step, _ in record.checkpoints:
-        if step is not None:
-            ax_loss.axvline(step, color="gray", lw=0.8, ls=":", zorder=0)
-    if record.checkpoints:
-        ax_loss.plot([], [], color="gray", lw=0.8, ls=":", label="checkpoint")
-    ax_loss.set_ylabel("loss (cross-entropy)")
-    ax_loss.set_title("Loss", loc="left", fontsize=11)
-    ax_loss.legend(loc="upper right", fontsize=9)
-
-    lrs = [(r.step, r.lr) for r in record.steps if isinstance(r.lr, (int, float))]
-    if lrs:
-        ax_lr.plot(*zip(*lrs), color="tab:green", lw=1.8)
-    ax_lr.set_ylabel("learning rate")
-    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
-    ax_lr.set_title("Learning rate", loc="left", fontsize=11)
-
-    tps = [(r.step, r.tokens_per_s) for r in record.steps if isinstance(r.tokens_per_s, (int, float))]
-    if tps:
-        ax_tps.plot(*zip(*tps), color="tab:purple", lw=1.8)
-        ax_tps.set_ylim(bottom=0)
-    mfus = [(r.step, 100 * r.mfu) for r in record.steps if isinstance(r.mfu, (int, float)) and not isinstance(r.mfu, bool)]
-    if mfus:  # the same mean, as a share of the devices' peak
-        ax_mfu = ax_tps.twinx()
-        ax_mfu.plot(*zip(*mfus), color="tab:olive", lw=1.4, ls="--")
-        ax_mfu.set_ylim(bottom=0)
-        ax_mfu.set_ylabel("MFU (%)", color="tab:olive")
-        ax_mfu.spines[["top"]].set_visible(False)
-    ax_tps.set_ylabel("tokens/s (real tokens)")
-    ax_tps.set_xlabel("optimizer step")
-    ax_tps.set_title("Throughput (mean since the run started)" + ("; dashed: MFU" if mfus else ""), loc="left", fontsize=11)
-
-    for ax in (ax_loss, ax_lr, ax_tps):
-        ax.grid(True, alpha=0.3)
-        ax.spines[["top", "right"]].set_visible(False)
-    if steps:
-        ax_tps.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)  # never a name the user may own
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        fig.savefig(tmp, format="png")
-    except (ValueError, OverflowError) as exc:  # matplotlib cannot place ticks for values near 1e308
-        tmp.unlink(missing_ok=True)
-        raise UserError(
-            f"cannot draw {target.name}: a value in {METRICS_FILE} is beyond what a plot can show ({exc})",
-            where=str(record.output_dir / METRICS_FILE),
-            hint="`acc-train report --no-png` prints the summary without the plot",
-        ) from None
-    readable(tmp)  # mkstemp's 0600: the report is as readable as the run's other files
-    tmp.replace(target)
-    return target
-
-
-def write_report(output_dir: str | Path) -> Path:
-    """Read the run in ``output_dir`` and draw its ``report.png``."""
-    return draw_report(read_run(output_dir))

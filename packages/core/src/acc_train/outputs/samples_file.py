@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from acc_train.output_paths import replace_file
+from acc_train.files.output_paths import replace_file
 
 __all__ = ["SAMPLES_FILE", "read_samples", "start_samples_file", "append_rows"]
 

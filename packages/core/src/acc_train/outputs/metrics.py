@@ -1,8 +1,9 @@
 """One row of ``metrics.jsonl`` as a typed record, and the one reader of that file.
 
 A run appends one JSON object per line: a *training row* for each logged optimizer step (it has
-``loss``) and an *evaluation row* for each evaluation (it has ``eval_loss``, or ``harness``: the
-scores of ``eval.harness_tasks``, ``{task: {metric: value}}``). Which is which is
+``loss``) and an *evaluation row* for each evaluator at each evaluation (no ``loss``: ``step`` and
+the evaluator's metrics: ``eval_loss``, ``harness`` (the scores of ``eval.harness_tasks``,
+``{task: {metric: value}}``), or a plugin's own, kept in ``extra``). Which is which is
 decided here and nowhere else: the reporter that writes the file, ``acc-train report``, the
 plugin kit and the tests all go through :class:`MetricsRow` and :func:`read_metrics`.
 """
@@ -18,12 +19,15 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from acc_train.errors import UserError
-from acc_train.user_files import read_user_text
+from acc_train.files.user_files import read_user_text
 
-__all__ = ["METRICS_FILE", "ROW_FIELDS", "MetricsRow", "RunMetrics", "parse_line", "read_metrics", "row_problem", "shape_problem"]
+__all__ = ["METRICS_FILE", "ROW_FIELDS", "TRAINING_KEYS", "MetricsRow", "RunMetrics", "flat_numbers", "parse_line", "read_metrics", "row_problem", "shape_problem"]
 
 #: The file in a run's output directory.
 METRICS_FILE = "metrics.jsonl"
+
+#: the keys of a training row (an evaluator's metrics are a row's other keys)
+TRAINING_KEYS = frozenset({"step", "epoch", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "elapsed_s"})
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ class MetricsRow(Mapping[str, Any]):
     tokens: int | None = None
     #: real tokens per second, mean since this run (not the runs it resumed) started
     tokens_per_s: float | None = None
-    #: model FLOPs utilization of that mean (:mod:`acc_train.mfu`); None where no peak is known
+    #: model FLOPs utilization of that mean (:mod:`acc_train.outputs.mfu`); None where no peak is known
     mfu: float | None = None
     #: training time since step 0, resumed runs included
     elapsed_s: float | None = None
@@ -61,15 +65,18 @@ class MetricsRow(Mapping[str, Any]):
 
     @property
     def is_eval(self) -> bool:
-        return self.eval_loss is not None or self.harness is not None
+        """An evaluator's row: not a training step's, and holding a metric of its own."""
+        return not self.is_training and bool(self.evaluation)
+
+    @property
+    def evaluation(self) -> dict[str, Any]:
+        """An evaluation row's metrics, by name (its keys that are not a training row's); empty on a training row."""
+        return {} if self.is_training else {k: v for k, v in self.to_dict().items() if k not in TRAINING_KEYS}
 
     def numbers(self) -> dict[str, float]:
-        """The row's numbers as trackers take them: ``harness`` flattened to
-        ``harness/TASK/METRIC``; ``step`` left out."""
-        out: dict[str, float] = {k: v for k, v in self.to_dict().items() if isinstance(v, (int, float)) and k != "step"}
-        for task, metrics in (self.harness or {}).items():
-            out.update({f"harness/{task}/{metric}": value for metric, value in metrics.items()})
-        return out
+        """The row's numbers as trackers take them: nested metrics flattened, their names joined
+        by ``/`` (``harness/TASK/METRIC``); ``step`` and what is not a number left out."""
+        return {k: v for k, v in flat_numbers(self.to_dict()).items() if k != "step"}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MetricsRow:
@@ -91,6 +98,17 @@ class MetricsRow(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self.to_dict())
+
+
+def flat_numbers(values: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numbers in ``values``, nested mappings' names joined by ``/`` (booleans are not numbers)."""
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            out.update(flat_numbers(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 @dataclass

@@ -41,7 +41,7 @@ def _write_holder(fd: int, since: str, out: Path) -> None:
     (a checkpoint's staging directory, a staged final/: this process holds the lock, so nothing
     writes them) is removed first, with a line saying so; if the disk is still full, a
     :class:`DiskFullError` says what takes the space."""
-    from acc_train.disk_full import disk_full, disk_full_error, human_bytes, remove_unfinished_writes
+    from acc_train.files.disk_full import disk_full, disk_full_error, human_bytes, remove_unfinished_writes
 
     info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}).encode()
     os.ftruncate(fd, 0)
@@ -66,7 +66,7 @@ def _write_holder(fd: int, since: str, out: Path) -> None:
 def space_hint(out: Path) -> str:
     """What to do about a full disk under ``out``: what the run's checkpoints take there."""
     from acc_train.checkpoint.layout import complete_steps
-    from acc_train.disk_full import human_bytes, tree_size
+    from acc_train.files.disk_full import human_bytes, tree_size
 
     steps = complete_steps(out / "checkpoints") if (out / "checkpoints").is_dir() else []
     hint = "free space on that filesystem, then run the same command again"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from acc_train.config import JobConfig
+    from acc_train.contracts.protocols import JobConfigView
 
 __all__ = [
     "ACTIVATION_FORMULA",
@@ -198,10 +198,10 @@ def _first(config: Any, *names: str) -> int | None:
     return None
 
 
-def model_shape(config: JobConfig) -> ModelShape:
+def model_shape(config: JobConfigView) -> ModelShape:
     """Count the job's model (with ``model.lora``'s adapters) on the meta device: its config is
     read, no weight is allocated."""
-    from acc_train.model import meta_model
+    from acc_train.model.build import meta_model
 
     model, mcfg = meta_model(config)
     built = getattr(model, "config", mcfg)  # transformers resolved the attention implementation on it

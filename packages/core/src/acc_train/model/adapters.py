@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from acc_train.errors import UserError
 
 if TYPE_CHECKING:
-    from acc_train.config import JobConfig
+    from acc_train.contracts.protocols import JobConfigView
 
 __all__ = ["peft_config", "apply_lora", "is_adapter_model", "adapter_manifest", "check_adapters_match", "save_adapter", "manifest_lora_config", "with_adapters"]
 
@@ -23,14 +23,14 @@ __all__ = ["peft_config", "apply_lora", "is_adapter_model", "adapter_manifest", 
 MANIFEST_KEYS = ("r", "alpha", "target_modules", "modules_to_save")
 
 
-def peft_config(config: JobConfig) -> Any:
+def peft_config(config: JobConfigView) -> Any:
     """``model.lora`` as PEFT's ``LoraConfig`` (a causal-LM task, no bias terms trained)."""
     lora = config.model.lora
     assert lora is not None
     return manifest_lora_config(lora.model_dump(mode="json"))
 
 
-def apply_lora(model: Any, config: JobConfig) -> Any:
+def apply_lora(model: Any, config: JobConfigView) -> Any:
     """The model wrapped by PEFT with ``model.lora``'s adapters (only they train), or the model
     itself without ``model.lora``. Works on the meta device too (``acc-train plan`` and the
     checks before launch). Adapters are created in the base weights' dtype (``model.dtype``)."""
@@ -68,7 +68,7 @@ def is_adapter_model(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
-def adapter_manifest(config: JobConfig) -> dict[str, Any] | None:
+def adapter_manifest(config: JobConfigView) -> dict[str, Any] | None:
     """What a checkpoint of this job says about its adapters: the LoRA settings and the base
     model they belong to (an absolute path for a local model); None for full fine-tuning."""
     lora = config.model.lora

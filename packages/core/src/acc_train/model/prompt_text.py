@@ -1,6 +1,6 @@
 """Prompts as token ids and token ids as text, for generation: text is tokenized as training
 tokenizes it (the run's tokenizer, or bytes for the demo model, which has none: read and written
-by :func:`acc_train.byte_tokenizer.byte_tokenizer`, the one byte tokenizer, which lm-evaluation-harness
+by :func:`acc_train.model.byte_tokenizer.byte_tokenizer`, the one byte tokenizer, which lm-evaluation-harness
 gets too), chat messages are rendered with the tokenizer's chat template and its generation
 prompt. ``acc-train generate`` and the samples a run writes at its evaluations (``eval.samples``)
 share it."""
@@ -19,7 +19,7 @@ __all__ = ["chat_template", "check_prompts", "encode_prompt", "decode_tokens", "
 @functools.cache
 def _bytes() -> Any:
     """The byte tokenizer, built once for this module's reads (never changed here)."""
-    from acc_train.byte_tokenizer import byte_tokenizer
+    from acc_train.model.byte_tokenizer import byte_tokenizer
 
     return byte_tokenizer()
 

@@ -19,8 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from acc_train.errors import UserError
 
 if TYPE_CHECKING:
-    from acc_train.config import OptimizerConfig
-    from acc_train.strategy import Machine
+    from acc_train.contracts.protocols import MachineView, Section
 
 __all__ = [
     "parameter_groups",
@@ -65,21 +64,21 @@ class OptimizerKind(ABC):
     def all_names(self) -> list[str]:
         return [self.name]
 
-    def parse_options(self, cfg: OptimizerConfig) -> Any:
+    def parse_options(self, cfg: Section) -> Any:
         """``optimizer.options`` validated by :attr:`options_schema`."""
         return self.options_schema.model_validate(cfg.options)
 
-    def problem(self, cfg: OptimizerConfig) -> str | None:
+    def problem(self, cfg: Section) -> str | None:
         """What is wrong with a combination of its keys (naming them), or None; called when
         the config is validated."""
         return None
 
-    def state_bytes(self, cfg: OptimizerConfig, param_bytes: int) -> float:
+    def state_bytes(self, cfg: Section, param_bytes: int) -> float:
         """Bytes of optimizer state per trainable parameter element (``acc-train plan``);
         ``param_bytes`` is a parameter element's size (4 in fp32)."""
         return 2.0 * param_bytes
 
-    def check(self, cfg: OptimizerConfig, machine: Machine) -> None:
+    def check(self, cfg: Section, machine: MachineView) -> None:
         """Raise :class:`acc_train.UserError` when it cannot run on ``machine``: called before
         launch and in each worker. The default checks :attr:`requires` and :attr:`device_types`."""
         for module, dist in self.requires.items():
@@ -97,7 +96,7 @@ class OptimizerKind(ABC):
             )
 
     @abstractmethod
-    def build(self, param_groups: list[dict[str, Any]], cfg: OptimizerConfig, device: Any) -> Any:
+    def build(self, param_groups: list[dict[str, Any]], cfg: Section, device: Any) -> Any:
         """The ``torch.optim.Optimizer`` over ``param_groups`` (each a dict with ``params`` and
         ``weight_decay``: biases and norms get 0), stepping parameters on ``device``."""
 
@@ -112,7 +111,7 @@ class AdamW(OptimizerKind):
     defaults: ClassVar[dict[str, Any]] = {"betas": [0.9, 0.95], "eps": 1e-8}
     state_keys = ("step", "exp_avg", "exp_avg_sq")
 
-    def build(self, param_groups: list[dict[str, Any]], cfg: OptimizerConfig, device: Any) -> Any:
+    def build(self, param_groups: list[dict[str, Any]], cfg: Section, device: Any) -> Any:
         import torch
 
         impl = {"fused": True} if getattr(device, "type", str(device)) == "cuda" else {"foreach": True}
@@ -129,15 +128,15 @@ class SGD(OptimizerKind):
     defaults: ClassVar[dict[str, Any]] = {"momentum": 0.9, "nesterov": False}
     state_keys = ("momentum_buffer",)
 
-    def state_bytes(self, cfg: OptimizerConfig, param_bytes: int) -> float:
+    def state_bytes(self, cfg: Section, param_bytes: int) -> float:
         return float(param_bytes) if cfg.momentum else 0.0
 
-    def problem(self, cfg: OptimizerConfig) -> str | None:
+    def problem(self, cfg: Section) -> str | None:
         if cfg.nesterov and not cfg.momentum:
             return "optimizer.nesterov needs optimizer.momentum above 0"
         return None
 
-    def build(self, param_groups: list[dict[str, Any]], cfg: OptimizerConfig, device: Any) -> Any:
+    def build(self, param_groups: list[dict[str, Any]], cfg: Section, device: Any) -> Any:
         import torch
 
         return torch.optim.SGD(param_groups, lr=cfg.lr, momentum=cfg.momentum or 0.0, nesterov=bool(cfg.nesterov), foreach=True)
@@ -164,11 +163,11 @@ class Adafactor(OptimizerKind):
     #: ("mixed torch.Tensor and DTensor", transformers 5.24), so it runs only unsharded
     elementwise_state = False
 
-    def state_bytes(self, cfg: OptimizerConfig, param_bytes: int) -> float:
+    def state_bytes(self, cfg: Section, param_bytes: int) -> float:
         # row and column vectors of a matrix: about 0 per element; beta1 adds a first moment
         return float(param_bytes) if cfg.options.get("beta1") is not None else 0.0
 
-    def build(self, param_groups: list[dict[str, Any]], cfg: OptimizerConfig, device: Any) -> Any:
+    def build(self, param_groups: list[dict[str, Any]], cfg: Section, device: Any) -> Any:
         from transformers.optimization import Adafactor as HFAdafactor
 
         opts = self.parse_options(cfg)
@@ -188,10 +187,10 @@ class AdamW8bit(OptimizerKind):
     #: quantization maps and per-block absmax do not have the parameter's shape
     elementwise_state = False
 
-    def state_bytes(self, cfg: OptimizerConfig, param_bytes: int) -> float:
+    def state_bytes(self, cfg: Section, param_bytes: int) -> float:
         return 2.0
 
-    def build(self, param_groups: list[dict[str, Any]], cfg: OptimizerConfig, device: Any) -> Any:
+    def build(self, param_groups: list[dict[str, Any]], cfg: Section, device: Any) -> Any:
         import bitsandbytes as bnb
 
         return bnb.optim.AdamW8bit(param_groups, lr=cfg.lr, betas=tuple(cfg.betas or ()), eps=cfg.eps)

@@ -3,7 +3,7 @@
 cannot apply to what it builds is an error, never silence.
 
 Accelerate builds its state and plugins from the launch variables
-(:mod:`acc_train.launch_protocol`) as under ``accelerate launch``; this module only wraps
+(:mod:`acc_train.launch.protocol`) as under ``accelerate launch``; this module only wraps
 ``Accelerator.__init__`` and ``prepare`` around that, so the strategy's ``after_accelerator``
 (the CPU switch of :mod:`acc_train.accelerate_compat`, options no variable carries) and
 ``before_prepare`` run for those Accelerators too.

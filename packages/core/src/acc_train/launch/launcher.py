@@ -120,9 +120,9 @@ def worker_command(module: str, *args: str) -> list[str]:
     the working directory on ``sys.path``: ``python -m`` would put it first, so a user's
     ``queue.py`` or ``datasets.py`` there would replace the library every worker imports
     (Python 3.11's ``-P`` does this, and acc-train supports 3.10). The worker dies with the
-    command that started it (:func:`acc_train.launch_files.die_with_parent`)."""
+    command that started it (:func:`acc_train.launch.scratch.die_with_parent`)."""
     bootstrap = (
-        "import sys; del sys.path[0]; from acc_train.launch_files import die_with_parent; die_with_parent(); "
+        "import sys; del sys.path[0]; from acc_train.launch.scratch import die_with_parent; die_with_parent(); "
         f"import runpy; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
     )
     return ["-c", bootstrap, *args]

@@ -1,9 +1,11 @@
 """``final/README.md``: a Hugging Face model card for what a run trained, as HF Trainer writes
 one into what it saves. The YAML metadata (``huggingface_hub``'s ``ModelCardData``) names the
-base model, the library that loads the directory and tags, and the run's lm-evaluation-harness
-scores as ``model-index`` results (``EvalResult``), which the Hub shows; the body says how it was trained:
-the strategy and world size, steps and tokens, the losses, the data files and the digest of
-what was read, and the job's config, so the directory explains itself wherever it is copied.
+base model, the library that loads the directory and tags, and the evaluators' scores shaped
+``{dataset: {metric: value}}`` (lm-evaluation-harness's ``{task: {metric: value}}``) as
+``model-index`` results (``EvalResult``), which the Hub shows; the body says how it was trained:
+the strategy and world size, steps and tokens, the loss, every evaluator's last metrics (run.json's
+``evaluations``, one path for all), the data files and the digest of what was read, and the
+job's config, so the directory explains itself wherever it is copied.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acc_train.prompt_text import prompt_label
+from acc_train.model.prompt_text import prompt_label
 
 __all__ = ["model_card", "checkpoint_summary", "base_model_id", "data_digest"]
 
@@ -84,8 +86,8 @@ def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: 
     if summary.get("checkpoint"):
         return _checkpoint_card(config_yaml, config, summary, adapter)
     base = base_model_id(config.model.name_or_path)
-    harness = summary.get("harness")
-    data = _metadata(config, str(summary.get("strategy") or config.strategy["name"]), adapter, harness if isinstance(harness, dict) else None)
+    evaluations = {k: v for k, v in (summary.get("evaluations") or {}).items() if isinstance(v, dict) and isinstance(v.get("metrics"), dict)}
+    data = _metadata(config, str(summary.get("strategy") or config.strategy["name"]), adapter, _datasets(evaluations))
     data_section = summary.get("data") or {}
     files = list(config.data.train_files) or ["the demo text (the Python standard library's source)"]
     digest = data_digest(summary)
@@ -95,18 +97,46 @@ def model_card(config_yaml: str, config: Any, summary: dict[str, Any], adapter: 
         ("strategy", f"{summary.get('strategy')} ({summary.get('distributed_type')}), world size {summary.get('world_size')} on {summary.get('num_machines')} machine(s), {summary.get('device')}"),
         ("precision", f"mixed precision {summary.get('mixed_precision')}, parameters held in {config.model.dtype}"),
         ("steps", f"{summary.get('steps')} optimizer steps, {summary.get('tokens')} tokens"),
-        ("final loss", f"{_loss(summary.get('final_loss'))} (training); {_loss(summary.get('final_eval_loss'))} (evaluation)"),
+        ("final loss", f"{_loss(summary.get('final_loss'))} (training)"),
         ("data", f"{', '.join(files)}; kind {data_section.get('kind')}, {data_section.get('documents')} examples, {data_section.get('rows')} rows of {config.data.seq_len} tokens"
                  + (f"; digest {digest}" if digest else "")),
     ]  # fmt: skip
-    if isinstance(harness, dict) and harness:  # eval.harness_tasks: the last scores
-        scores = "; ".join(f"{task} {metric} {value:.4f}" for task, metrics in harness.items() if isinstance(metrics, dict) for metric, value in metrics.items() if not metric.endswith("_stderr"))
-        facts.append(("benchmarks", f"lm-evaluation-harness after step {summary.get('harness_step')}: {scores}"))
+    for name, last in evaluations.items():  # every evaluator's last metrics (eval loss, harness, a plugin's)
+        shown = "; ".join(f"{metric} {_number(value)}" for metric, value in _flat(last["metrics"]).items() if not metric.endswith("_stderr"))
+        facts.append((f"evaluation {name}", f"after step {last.get('step')}: {shown or 'no metrics'}"))
     intro = (
         "Trained with [acc-train](https://github.com/acc-train/acc-train), which ran the job's own training loop under the "
         "strategy below through Hugging Face Accelerate."
     )
     return _render(data, Path(config.output_dir).name, intro, facts, config_yaml, _samples_section(summary.get("samples")))
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested metrics by their names joined with spaces (``harness hellaswag acc``)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key} "))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _datasets(evaluations: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The evaluators' metrics shaped ``{dataset: {metric: number}}`` (lm-evaluation-harness's
+    ``{task: {metric: value}}``), merged: what the card's ``model-index`` holds."""
+    out: dict[str, dict[str, float]] = {}
+    for last in evaluations.values():
+        for value in last["metrics"].values():
+            if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+                for dataset, metrics in value.items():
+                    numbers = {m: v for m, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                    out.setdefault(dataset, {}).update(numbers)
+    return out
 
 
 def _cell(text: Any) -> str:
@@ -134,9 +164,9 @@ def _render(data: Any, title: str, intro: str, facts: list[tuple[str, Any]], con
 
 
 def _metadata(config: Any, strategy: str, adapter: bool, harness: dict[str, dict[str, float]] | None = None) -> Any:
-    """The card's YAML metadata; ``harness`` (``{task: {metric: value}}``, the run's last
-    ``eval.harness_tasks`` scores) becomes its ``model-index``, one result per task and metric
-    (standard errors left out: they qualify a score, they are not one)."""
+    """The card's YAML metadata; ``harness`` (``{dataset: {metric: value}}``: the evaluators'
+    scores of that shape, such as ``eval.harness_tasks``') becomes its ``model-index``, one result
+    per dataset and metric (standard errors left out: they qualify a score, they are not one)."""
     from huggingface_hub import EvalResult, ModelCardData
 
     tags = ["acc-train", strategy, f"data-{config.data.kind}"] + (["lora"] if adapter else [])

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from acc_train.yaml_loader import Loader
+from acc_train.files.yaml_loader import Loader
 
 __all__ = ["Question", "parse_answer", "show_answer"]
 

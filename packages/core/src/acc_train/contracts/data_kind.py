@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from acc_train.config import DataConfig
+    from acc_train.contracts.protocols import Section
 
 __all__ = ["DataKind", "Tokenized"]
 
@@ -42,10 +42,10 @@ class DataKind(ABC):
         return [self.name]
 
     @abstractmethod
-    def fields(self, cfg: DataConfig) -> list[str]:
+    def fields(self, cfg: Section) -> list[str]:
         """The fields (columns) every row must have, as ``cfg`` names them."""
 
-    def check_row(self, row: dict[str, Any], cfg: DataConfig) -> str | None:
+    def check_row(self, row: dict[str, Any], cfg: Section) -> str | None:
         """What is wrong with one row of a data file, or None. Called before launch for each
         JSON line (its line number is added to the message). The default checks that every
         field of :meth:`fields` is present and a string."""
@@ -56,12 +56,12 @@ class DataKind(ABC):
                 return f"field {field!r} is a {type(row[field]).__name__}, not a string"
         return None
 
-    def check_tokenizer(self, tokenizer: Any, cfg: DataConfig) -> None:
+    def check_tokenizer(self, tokenizer: Any, cfg: Section) -> None:
         """Raise :class:`acc_train.errors.UserError` when ``tokenizer`` cannot serve this kind
         (``None`` is the demo job's byte-level vocabulary). Called before launch."""
 
     @abstractmethod
-    def tokenize(self, batch: dict[str, list[Any]], tokenizer: Any, cfg: DataConfig) -> Tokenized:
+    def tokenize(self, batch: dict[str, list[Any]], tokenizer: Any, cfg: Section) -> Tokenized:
         """Token ids and loss flags of a batch of rows (``batch[field][i]`` is row i's value),
         at full length: truncation, dropping and packing are the pipeline's. A row may give an
         empty example (no tokens): it is skipped and counted."""

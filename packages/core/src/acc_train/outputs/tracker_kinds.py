@@ -92,7 +92,7 @@ class _Wandb(TrackerKind):
         kwargs.setdefault("resume", "allow")
         kwargs["name"] = run_name
         if "dir" not in kwargs and not os.environ.get("WANDB_DIR"):
-            kwargs["dir"] = str(output_dir / "logs")  # (acc_train.trackers.TRACKERS_FILE's folder)
+            kwargs["dir"] = str(output_dir / "logs")  # (acc_train.outputs.trackers.TRACKERS_FILE's folder)
 
     def identify(self, tracker: Any, output_dir: Path) -> dict[str, Any]:
         return {"id": tracker.run.id}
