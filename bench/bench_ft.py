@@ -12,7 +12,8 @@ Prints, from the groups' run.json (``ft_events``) and metrics.jsonl:
 - stall: seconds from the survivor's failed step (or its next quorum) until the quorum without the
   lost group (goal: at most the heartbeat timeout + 1 s);
 - heal: the rejoining group's first quorum with the state transfer from a live peer (goal: 5 s);
-- relaunch to heal: from the relaunch's start to its heal (interpreter, torch, model and data included);
+- relaunch to first step: from the relaunch's start to its first trained step after the heal (interpreter,
+  torch, model and data included);
 - step times: the survivor's median step with 2 groups and alone (from metrics.jsonl's elapsed_s;
   the steps held for the relaunch left out), and the rejoined group's median step;
 - whether both groups end with the same parameters (run.json's param_checksum).
@@ -94,8 +95,10 @@ def main() -> None:
             time.sleep(0.1)
         gate.touch()
         healed_at = None
-        while rejoined.poll() is None and healed_at is None:  # torchft logs the heal's end
-            if "Loaded state dict" in log.read_text():
+        metrics = root / "group-1" / "metrics.jsonl"
+        while rejoined.poll() is None and healed_at is None:  # its first row after the heal (the first launch's end at kill-at)
+            rows1 = metrics.read_text().splitlines() if metrics.exists() else []
+            if any(json.loads(line).get("step", 0) > args.kill_at + 1 for line in rows1 if line.strip()):
                 healed_at = time.time()
             time.sleep(0.05)
         healed_at = healed_at or time.time()
@@ -118,7 +121,7 @@ def main() -> None:
     together, alone, rejoined_steps = steps(0, 2, held), steps(0, 1, held), steps(1, 2, set())
     print(f"workdir {root}")
     print(f"stall after the lost group: {events['lost']['seconds']:.2f} s (heartbeat timeout {args.heartbeat_timeout:g} s; goal <= {args.heartbeat_timeout + 1:g} s)")
-    print(f"heal from a live peer: {heal['seconds']:.2f} s at step {heal['step']} (goal <= 5 s); relaunch to heal: {healed_at - relaunched_at:.1f} s (start-up included)")
+    print(f"heal from a live peer: {heal['seconds']:.2f} s at step {heal['step']} (goal <= 5 s); relaunch to its first step after the heal: {healed_at - relaunched_at:.1f} s (start-up included)")
     print(f"survivor's median step: {statistics.median(together) * 1000:.0f} ms with 2 groups, {statistics.median(alone) * 1000:.0f} ms alone; rejoined group's {statistics.median(rejoined_steps) * 1000:.0f} ms")
     print(f"discarded steps: {runs[0]['ft_discarded_steps']} (group 0), {runs[1]['ft_discarded_steps']} (group 1)")
     same = runs[0]["per_rank"][0]["param_checksum"] == runs[1]["per_rank"][0]["param_checksum"]
