@@ -177,7 +177,8 @@ def preflight(overrides: dict[str, Any], strategy: dict[str, Any], processes: in
             cfg = job.config
             machine = Machine(device_type, processes, 1)
             check_attn_implementation(cfg.model, device_type)
-            job.strategy.check_environment(machine)
+            job.strategy = job.strategy.bind(machine)  # as acc-train binds the launch's machine before its checks
+            job.strategy.check_environment()
             job.strategy.check_job(cfg)
             check_model_builds(cfg, job.strategy)
             with _gpu_packages(device_type):

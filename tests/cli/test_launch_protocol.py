@@ -30,7 +30,7 @@ def launch_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
             monkeypatch.delenv(name)
 
     def set_for(strategy: Any, machine: Machine = CPU2) -> dict[str, str]:
-        env = protocol_env(strategy, machine, "no", tmp_path)
+        env = protocol_env(strategy.bind(machine), "no", tmp_path)
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         return env
@@ -62,7 +62,7 @@ def test_fsdp_variables_build_the_strategys_own_plugin(name: str, options: dict,
     from accelerate.utils import FullyShardedDataParallelPlugin
     from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
-    strategy = resolve_strategy(name, options)
+    strategy = resolve_strategy(name, options).bind(CPU2)
     own = strategy.accelerator_kwargs(None)["fsdp_plugin"]
     env = launch_env(strategy)
     assert env["ACCELERATE_USE_FSDP"] == "true"
@@ -113,7 +113,7 @@ def _zero_section(config: dict) -> dict:
 def test_deepspeed_variables_build_the_strategys_own_plugin(name: str, options: dict, launch_env) -> None:
     from accelerate.utils import DeepSpeedPlugin
 
-    strategy = resolve_strategy(name, options)
+    strategy = resolve_strategy(name, options).bind(CPU2)
     own = strategy.accelerator_kwargs(None)["deepspeed_plugin"]
     env = launch_env(strategy)
     assert env["ACCELERATE_USE_DEEPSPEED"] == "true"
@@ -155,7 +155,7 @@ def test_ddp_needs_no_variable(launch_env) -> None:
 )
 def test_fsdp_options_no_variable_carries_are_refused_by_name(options: dict, where: str, tmp_path: Path) -> None:
     with pytest.raises(UserError) as err:
-        resolve_strategy("fsdp", options).launch_env(CPU2, tmp_path)
+        resolve_strategy("fsdp", options).bind(CPU2).launch_protocol().launch_env(tmp_path)
     assert err.value.where == where
     assert "Accelerator(" in err.value.hint  # what to do in the program instead
 
@@ -170,9 +170,10 @@ def test_a_strategy_declaring_another_accelerate_type_without_a_mapping_is_refus
         def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
             return {}
 
-    strategy = Sharded().configure(StrategyOptions())
+    strategy = Sharded().configure(StrategyOptions()).bind(CPU2)
+    assert strategy.launch_protocol() is None
     with pytest.raises(UserError, match="declares no `acc-train launch` mapping"):
-        strategy.launch_env(CPU2, tmp_path)
+        protocol_env(strategy, "no", tmp_path)
 
 
 def test_stale_shell_variables_give_way_and_the_same_values_stay_quiet() -> None:

@@ -22,7 +22,7 @@ def adopted(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
         monkeypatch.setattr(accelerate.Accelerator, name, getattr(accelerate.Accelerator, name))
     monkeypatch.setattr(torch.nn.parallel.DistributedDataParallel, "__init__", torch.nn.parallel.DistributedDataParallel.__init__)
     AcceleratorState._reset_state(True)
-    yield lambda strategy: adopt_accelerate(strategy, Machine("cpu", 1))
+    yield lambda strategy: adopt_accelerate(strategy.bind(Machine("cpu", 1)))
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
 

@@ -1,4 +1,4 @@
-"""A strategy plugin states its own memory plan through ``Strategy.plan_memory``; one that does
+"""A strategy plugin states its own memory plan through ``StrategyPlanner.plan_memory``; one that does
 not gets a full replica per rank. Runs `acc-train plan`'s planner in-process."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from acc_train import Strategy, hookimpl, plugins
+from acc_train import Strategy, StrategyPlanner, hookimpl, plugins
 from acc_train.config import load_job
 from acc_train.memory.plan import MemoryPlan, PlanInput
 
@@ -28,14 +28,24 @@ class Replicated(Strategy):
         return {}
 
 
+class HalfPlanner(StrategyPlanner):
+    def plan_memory(self, plan: PlanInput) -> MemoryPlan:
+        return MemoryPlan(4 * plan.parameters, 0, 12 * plan.parameters // 2, "4psi + 12psi/2", offload={"optimizer": "cpu"}, note="mine")
+
+
 class HalfSharded(Strategy):
     name = "plan-half"
 
     def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         return {}
 
+    def planner(self) -> StrategyPlanner:
+        return HalfPlanner(self)
+
+
+class BrokenPlanner(StrategyPlanner):
     def plan_memory(self, plan: PlanInput) -> MemoryPlan:
-        return MemoryPlan(4 * plan.parameters, 0, 12 * plan.parameters // 2, "4psi + 12psi/2", offload={"optimizer": "cpu"}, note="mine")
+        raise RuntimeError("no idea")
 
 
 class BrokenPlan(Strategy):
@@ -44,8 +54,8 @@ class BrokenPlan(Strategy):
     def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         return {}
 
-    def plan_memory(self, plan: PlanInput) -> MemoryPlan:
-        raise RuntimeError("no idea")
+    def planner(self) -> StrategyPlanner:
+        return BrokenPlanner(self)
 
 
 class Plugin:
@@ -191,7 +201,7 @@ def test_zero3_counts_the_mixture_of_experts_weights_autograd_pins(tmp_path: Any
 
     def buffers(precision: str, checkpointing: bool) -> int:
         inp = PlanInput(psi, 8, precision, largest_layer=layer, expert_parameters=experts, gradient_checkpointing=checkpointing)
-        return zero3.plan_memory(inp).buffers
+        return zero3.planner().plan_memory(inp).buffers
 
     assert buffers("bf16", False) - buffers("bf16", True) == 2 * experts  # gathered in bf16
     assert buffers("no", False) - buffers("no", True) == 4 * experts  # fp32: gathered in fp32
@@ -207,9 +217,9 @@ def test_zero3_gathers_its_largest_layer_whole_and_its_gradients_in_full() -> No
     from acc_train.config import resolve_strategy
 
     zero3 = resolve_strategy("zero3", {})
-    small = zero3.plan_memory(PlanInput(10 * 10**9, 8, "bf16", largest_layer=2 * 10**8))
-    large = zero3.plan_memory(PlanInput(10 * 10**9, 8, "bf16", largest_layer=15 * 10**8))
-    bare = zero3.plan_memory(PlanInput(10 * 10**9, 8, "bf16"))
+    small = zero3.planner().plan_memory(PlanInput(10 * 10**9, 8, "bf16", largest_layer=2 * 10**8))
+    large = zero3.planner().plan_memory(PlanInput(10 * 10**9, 8, "bf16", largest_layer=15 * 10**8))
+    bare = zero3.planner().plan_memory(PlanInput(10 * 10**9, 8, "bf16"))
     assert small.buffers - bare.buffers == 2 * 2 * 10**8  # the layer's gradients; its parameters within the live limit
     assert large.buffers - bare.buffers == 2 * (15 - 10) * 10**8 + 2 * 15 * 10**8  # gathered beyond the limit, and its gradients
     assert "largest layer gathered whole" in large.note and "largest layer gathered whole" not in small.note

@@ -247,5 +247,5 @@ def test_the_plan_counts_the_optimizers_state() -> None:
     from acc_train.config import resolve_strategy
 
     fsdp = resolve_strategy("fsdp")
-    assert fsdp.plan_memory(PlanInput(1000, 2, "no", optimizer_bytes_per_param=0.0)).optimizer == 0
-    assert fsdp.plan_memory(PlanInput(1000, 2, "no")).optimizer == 4000
+    assert fsdp.planner().plan_memory(PlanInput(1000, 2, "no", optimizer_bytes_per_param=0.0)).optimizer == 0
+    assert fsdp.planner().plan_memory(PlanInput(1000, 2, "no")).optimizer == 4000

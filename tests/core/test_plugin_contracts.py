@@ -113,6 +113,46 @@ def test_a_strategy_written_against_the_first_contract_is_refused_naming_the_cha
     assert "Legacy.accelerator_kwargs takes an `options` argument" in text and "read self.options" in text
 
 
+SECOND = """
+class Second(Strategy):
+    name = "second"
+    def accelerator_kwargs(self, job):
+        return {}
+"""
+
+
+@pytest.mark.parametrize(
+    ("member", "says"),
+    [
+        ("    def plan_memory(self, plan):\n        return None\n", "`plan_memory` moved to the strategy's planner(): Second defines it on the strategy"),
+        ("    def equivalent_to_ddp(self):\n        return True\n", "`equivalent_to_ddp` moved to the strategy's planner()"),
+        ("    def parameter_shards(self, machine):\n        return 1\n", "`parameter_shards` moved to the strategy's planner()"),
+        ("    launch_variables = ('MINE_',)\n", "`launch_variables` moved to the strategy's launch_protocol()"),
+        ("    def launch_env(self, machine, scratch):\n        return {}\n", "`launch_env` moved to the strategy's launch_protocol()"),
+        ("    def check_environment(self, machine):\n        pass\n", "Second.check_environment takes a `machine` argument"),
+        ("    def expected_distributed_types(self, machine):\n        return set()\n", "Second.expected_distributed_types takes a `machine` argument"),
+    ],
+    ids=["plan_memory", "equivalent_to_ddp", "parameter_shards", "launch_variables", "launch_env", "check_environment", "expected_types"],
+)
+def test_a_strategy_written_against_the_second_contract_is_refused_naming_the_rename(install: Install, member: str, says: str) -> None:
+    install("second", SECOND + member + "@hookimpl\ndef acc_train_register_strategies(register):\n    register(Second())\n")
+    assert "second" not in plugins.strategies().names() and "ddp" in plugins.strategies().names()
+    text = failure("second")
+    assert text.startswith('plugin "second" (distribution second-plugin) had its strategy registrations rejected')
+    assert says in text, text
+    assert ("acc_train.api.StrategyPlanner" in text) == ("planner()" in says)
+    assert ("acc_train.api.LaunchProtocol" in text) == ("launch_protocol()" in says)
+    assert ("read self.machine" in text) == ("`machine` argument" in says)
+
+
+def test_the_new_contract_registers() -> None:
+    """Every installed strategy passes; the default planner and launch protocol serve one that defines neither."""
+    from acc_train.strategy import legacy_contract_problem
+
+    for strategy, _ in plugins.strategies().primary():
+        assert legacy_contract_problem(strategy) is None, strategy.name
+
+
 def test_a_taken_name_belongs_to_neither_plugin_and_the_rest_keeps_working(install: Install) -> None:
     install("zz-ddp", ECHO.replace('"echo"', '"ddp"') + "@hookimpl\ndef acc_train_register_strategies(register):\n    register(Echo())\n")
     reg = plugins.strategies()

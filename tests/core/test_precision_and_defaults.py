@@ -67,9 +67,9 @@ def test_pure_low_precision_computes_in_its_dtype_and_refuses_mixed_precision_on
 def test_every_strategy_words_the_low_precision_warning() -> None:
     from acc_train.config import resolve_strategy
 
-    assert "no fp32 master copy" in resolve_strategy("ddp").low_precision_warning("bf16")
-    assert "no fp32 master copy" in resolve_strategy("fsdp").low_precision_warning("bf16")
-    zero2, zero3 = resolve_strategy("zero2").low_precision_warning("bf16"), resolve_strategy("zero3").low_precision_warning("bf16")
+    assert "no fp32 master copy" in resolve_strategy("ddp").planner().low_precision_warning("bf16")
+    assert "no fp32 master copy" in resolve_strategy("fsdp").planner().low_precision_warning("bf16")
+    zero2, zero3 = resolve_strategy("zero2").planner().low_precision_warning("bf16"), resolve_strategy("zero3").planner().low_precision_warning("bf16")
     assert "not pure bf16" in zero2 and "fp32 master partitions" in zero2
     assert "not pure bf16" in zero3 and "partitions the parameters in fp32" in zero3
 

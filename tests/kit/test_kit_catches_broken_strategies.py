@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.launch, pytest.mark.xdist_group("acc-train-kit-selftes
 BROKEN = '''
 from pydantic import ConfigDict
 
-from acc_train import Strategy, StrategyOptions, hookimpl
+from acc_train import Strategy, StrategyOptions, StrategyPlanner, hookimpl
 
 
 class LooseOptions(StrategyOptions):
@@ -46,11 +46,16 @@ class BrokenDP(Strategy):
     def accelerator_kwargs(self, job):
         return {}
 
-    def equivalent_to_ddp(self):
-        return True  # broken: it does not all-reduce gradients
+    def planner(self):
+        return BrokenDPPlanner(self)
 
     def summary(self, accelerator):
         return {"allreduce_buckets": 3}  # broken: a constant, not a count of anything it did
+
+
+class BrokenDPPlanner(StrategyPlanner):
+    def equivalent_to_ddp(self):
+        return True  # broken: it does not all-reduce gradients
 
 
 class FallbackFSDP(Strategy):
@@ -61,7 +66,7 @@ class FallbackFSDP(Strategy):
     def accelerator_kwargs(self, job):
         return {}  # broken: ...but never switches Accelerate's state, so on CPU it runs as DDP
 
-    def expected_distributed_types(self, machine):
+    def expected_distributed_types(self):
         return {"FSDP", "MULTI_CPU"}  # broken: accepts the fallback instead of refusing it
 
 
@@ -72,6 +77,11 @@ class ReplicatingShards(Strategy):
     def accelerator_kwargs(self, job):
         return {}  # broken: plain DDP, the whole model on every rank...
 
+    def planner(self):
+        return ShardsPlanner(self)
+
+
+class ShardsPlanner(StrategyPlanner):
     def parameter_shards(self, machine):
         return machine.world_size  # ...though it claims each rank holds 1/N of it
 

@@ -31,11 +31,11 @@ def test_schema_rejects_unknown_keys_and_bad_values() -> None:
 
 def test_expected_distributed_types_never_include_a_silent_fallback() -> None:
     s = DDPStrategy()
-    assert s.expected_distributed_types(Machine("cpu", 2)) == {"MULTI_CPU"}
-    assert s.expected_distributed_types(Machine("cuda", 8)) == {"MULTI_GPU"}
-    assert s.expected_distributed_types(Machine("cpu", 1)) == {"NO", "MULTI_CPU"}
+    assert s.bind(Machine("cpu", 2)).expected_distributed_types() == {"MULTI_CPU"}
+    assert s.bind(Machine("cuda", 8)).expected_distributed_types() == {"MULTI_GPU"}
+    assert s.bind(Machine("cpu", 1)).expected_distributed_types() == {"NO", "MULTI_CPU"}
 
 
 def test_fp16_hook_on_cpu_is_refused_with_a_hint() -> None:
     with pytest.raises(UserError, match="fp16 compression hook needs GPUs"):
-        resolve_strategy("ddp", {"comm_hook": "fp16"}).check_environment(Machine("cpu", 2))
+        resolve_strategy("ddp", {"comm_hook": "fp16"}).bind(Machine("cpu", 2)).check_environment()

@@ -40,7 +40,7 @@ def test_inconsistent_options_are_errors(options: dict, message: str) -> None:
 
 def test_cpu_offload_on_a_cpu_only_run_is_refused() -> None:
     with pytest.raises(UserError, match="would do nothing"):
-        resolve_strategy("deepspeed", {"stage": 3, "offload_optimizer": "cpu"}).check_environment(Machine("cpu", 2))
+        resolve_strategy("deepspeed", {"stage": 3, "offload_optimizer": "cpu"}).bind(Machine("cpu", 2)).check_environment()
 
 
 def test_json_auto_values_are_filled_from_the_job(tmp_path: Path) -> None:
@@ -89,7 +89,7 @@ def test_accelerate_deepspeed_yaml_is_read_as_it_is(tmp_path: Path) -> None:
 def test_parameter_shards_and_the_reported_stage_come_from_what_runs() -> None:
     """Only ZeRO-3 partitions parameters; run.json's zero_stage is the engine's, not the option."""
     for name, shards in (("zero1", 1), ("zero2", 1), ("zero3", 4)):
-        assert resolve_strategy(name).parameter_shards(Machine("cpu", 4)) == shards
+        assert resolve_strategy(name).planner().parameter_shards(Machine("cpu", 4)) == shards
 
     class Engine:
         def zero_optimization_stage(self) -> int:

@@ -58,10 +58,11 @@ def test_cp_job_settings_are_checked_before_launch(tmp_path: Path, monkeypatch: 
 
     checked = FSDPStrategy.check_environment
 
-    def check_environment(self: Any, machine: Any) -> Any:
+    def check_environment(self: Any) -> Any:
+        machine = self.machine
         if machine.device_type == "cpu":  # past the refusal of cp on CPU, every other check kept
-            machine = Machine("cuda", machine.world_size, machine.num_machines)
-        return checked(self, machine)
+            return checked(self.bind(Machine("cuda", machine.world_size, machine.num_machines)))
+        return checked(self)
 
     monkeypatch.setattr(FSDPStrategy, "check_environment", check_environment)
     out = tmp_path / "run"
@@ -159,26 +160,23 @@ def test_mesh_sizes_with_cp() -> None:
             _fsdp(**options).mesh_sizes(world)
         assert caught.value.where == where and text in str(caught.value), str(caught.value)
     # FSDP shards over dp_shard x cp (Accelerate's dp_shard_cp dimension)
-    assert _fsdp(dp_shard=2, cp=2).parameter_shards(Machine("cuda", 4)) == 4
-    assert _fsdp(cp=2, tp=2).parameter_shards(Machine("cuda", 8)) == 8
-    _fsdp(cp=2).check_environment(Machine("cuda", 2))  # a GPU run passes
+    assert _fsdp(dp_shard=2, cp=2).planner().parameter_shards(Machine("cuda", 4)) == 4
+    assert _fsdp(cp=2, tp=2).planner().parameter_shards(Machine("cuda", 8)) == 8
+    _fsdp(cp=2).bind(Machine("cuda", 2)).check_environment()  # a GPU run passes
     with pytest.raises(UserError, match="cannot run on CPU"):
-        _fsdp(cp=2).check_environment(Machine("cpu", 2))
-    assert not _fsdp(cp=2).equivalent_to_ddp()  # the packed rows' masks are dropped
-    assert not _fsdp(cp=2)._pure_tp(2)
+        _fsdp(cp=2).bind(Machine("cpu", 2)).check_environment()
+    assert not _fsdp(cp=2).planner().equivalent_to_ddp()  # the packed rows' masks are dropped
+    assert not _fsdp(cp=2).bind(Machine("cpu", 2)).mesh.pure_tp
 
 
-def test_parallelism_config_carries_cp(monkeypatch: pytest.MonkeyPatch) -> None:
-    import acc_train.api
-
+def test_parallelism_config_carries_cp() -> None:
     from acc_train.api import Machine
 
-    monkeypatch.setattr(acc_train.api, "current_machine", lambda: Machine("cuda", 4))
-    config = _fsdp(dp_shard=2, cp=2)._parallelism_config()
+    config = _fsdp(dp_shard=2, cp=2).bind(Machine("cuda", 4))._parallelism_config()
     assert (config.dp_replicate_size, config.dp_shard_size, config.cp_size, config.tp_size) == (1, 2, 2, 1)
     assert config.cp_enabled and config.cp_backend == "torch" and config.cp_handler.cp_comm_strategy == "allgather"
     assert config.fsdp_dim_names == ["dp_shard_cp"] and config.non_data_parallel_size == 2
-    config = _fsdp(cp=4, cp_comm_strategy="alltoall")._parallelism_config()
+    config = _fsdp(cp=4, cp_comm_strategy="alltoall").bind(Machine("cuda", 4))._parallelism_config()
     assert config.cp_size == 4 and config.dp_shard_size == 1 and config.cp_handler.cp_comm_strategy == "alltoall"
 
 
@@ -312,10 +310,11 @@ if os.environ.get("CP_STAND_IN") == "1":
 
     checked = fsdp_strategy.FSDPStrategy.check_environment
 
-    def check_environment(self, machine):
+    def check_environment(self):
+        machine = self.machine
         if machine.device_type == "cpu":  # past the refusal of cp on CPU, every other check kept
-            machine = Machine("cuda", machine.world_size, machine.num_machines)
-        return checked(self, machine)
+            return checked(self.bind(Machine("cuda", machine.world_size, machine.num_machines)))
+        return checked(self)
 
     fsdp_strategy.FSDPStrategy.check_environment = check_environment
 

@@ -38,10 +38,10 @@ def test_options_that_belong_elsewhere_are_errors(options: dict, message: str) -
 
 def test_conflicts_with_the_machine_are_errors_with_hints() -> None:
     with pytest.raises(UserError, match="would do nothing"):
-        resolve_strategy("fsdp", {"cpu_offload": True}).check_environment(Machine("cpu", 2))
+        resolve_strategy("fsdp", {"cpu_offload": True}).bind(Machine("cpu", 2)).check_environment()
     with pytest.raises(UserError, match="this run has one machine"):
-        resolve_strategy("fsdp", {"version": 1, "sharding_strategy": "hybrid_shard"}).check_environment(Machine("cuda", 8, 1))
-    resolve_strategy("fsdp", {"version": 1, "sharding_strategy": "hybrid_shard"}).check_environment(Machine("cuda", 16, 2))
+        resolve_strategy("fsdp", {"version": 1, "sharding_strategy": "hybrid_shard"}).bind(Machine("cuda", 8, 1)).check_environment()
+    resolve_strategy("fsdp", {"version": 1, "sharding_strategy": "hybrid_shard"}).bind(Machine("cuda", 16, 2)).check_environment()
 
 
 def test_layer_class_that_the_model_lacks_names_the_closest_one(tiny_model_dir: Path) -> None:
@@ -124,7 +124,7 @@ def test_accelerate_fsdp1_sharding_strategy_written_as_reshard_after_forward() -
     ],
 )
 def test_parameter_shards_follow_the_sharding_strategy(options: dict, machine: Machine, shards: int) -> None:
-    assert resolve_strategy("fsdp", options).parameter_shards(machine) == shards
+    assert resolve_strategy("fsdp", options).planner().parameter_shards(machine) == shards
 
 
 def test_the_reported_version_is_the_wrapped_modules_not_the_option() -> None:

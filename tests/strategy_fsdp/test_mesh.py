@@ -161,12 +161,12 @@ def test_plan_reads_tp_in_the_mesh_and_divides_the_model_state_by_it() -> None:
 
     assert parse_mesh("shard=2,tp=2") == {"dp_shard": 2, "tp": 2}
     psi = 1_000_000
-    plan = resolve_strategy("fsdp", {"version": 2, **parse_mesh("shard=2,tp=2")}).plan_memory(PlanInput(psi, 4, "no"))
+    plan = resolve_strategy("fsdp", {"version": 2, **parse_mesh("shard=2,tp=2")}).planner().plan_memory(PlanInput(psi, 4, "no"))
     assert (plan.params, plan.grads, plan.optimizer) == (4 * psi // 4, 4 * psi // 4, 8 * psi // 4)
     assert "x tp=2" in plan.note
     hsdp = resolve_strategy("fsdp", {"version": 2, **parse_mesh("replicate=2,tp=2")})
     with pytest.raises(Exception, match="use dp_shard: 2 instead"):
-        hsdp.plan_memory(PlanInput(psi, 4, "no"))
+        hsdp.planner().plan_memory(PlanInput(psi, 4, "no"))
 
 
 ACCELERATE_MESH_FILE = """\
@@ -216,9 +216,9 @@ def test_fsdp_options_are_refused_where_tensor_parallelism_runs_alone() -> None:
     for option, value in (("activation_checkpointing", True), ("reshard_after_forward", True), ("mixed_precision_policy", {"param_dtype": "bf16"})):
         strategy = resolve_strategy("fsdp", {"version": 2, "tp": 2, option: value})
         with pytest.raises(UserError) as caught:
-            strategy.check_environment(Machine("cpu", 2))  # tp = the world: no FSDP to use it
+            strategy.bind(Machine("cpu", 2)).check_environment()  # tp = the world: no FSDP to use it
         assert caught.value.where == f"strategy.{option}" and "tensor parallelism alone (no FSDP)" in str(caught.value)
-        strategy.check_environment(Machine("cpu", 4))  # FSDP x TP (dp_shard 2) uses it
+        strategy.bind(Machine("cpu", 4)).check_environment()  # FSDP x TP (dp_shard 2) uses it
 
 
 def test_the_plan_splits_activations_over_tp() -> None:
@@ -244,5 +244,5 @@ def test_an_explicit_reshard_after_forward_false_is_refused_too_where_tp_runs_al
     from acc_train.api import Machine, UserError, resolve_strategy
 
     with pytest.raises(UserError, match="tensor parallelism alone"):
-        resolve_strategy("fsdp", {"version": 2, "tp": 2, "reshard_after_forward": False}).check_environment(Machine("cpu", 2))
-    resolve_strategy("fsdp", {"version": 2, "tp": 2}).check_environment(Machine("cpu", 2))  # nothing set: nothing refused
+        resolve_strategy("fsdp", {"version": 2, "tp": 2, "reshard_after_forward": False}).bind(Machine("cpu", 2)).check_environment()
+    resolve_strategy("fsdp", {"version": 2, "tp": 2}).bind(Machine("cpu", 2)).check_environment()  # nothing set: nothing refused

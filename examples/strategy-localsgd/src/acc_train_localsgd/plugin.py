@@ -14,7 +14,10 @@ How it gets through acc-train's strategy-agnostic loop, using only the public co
 - run.json's ``local_sgd_averages`` counts the averages this launch made: the effect that tells
   local SGD from plain DDP, which the conformance kit requires to be there and to change;
 - between averages the ranks hold different models and optimizer moments, so the checkpoint
-  format :class:`PerRankFormat` writes each rank's own state.
+  format :class:`PerRankFormat` writes each rank's own state;
+- it keeps the default planner (a replica on every rank; not DDP's updates) and the default
+  launch protocol, whose ``accelerator_kwargs(None)`` call refuses a user's script with what to
+  use instead.
 
 No torch or accelerate import at module level: listing strategies stays fast.
 """

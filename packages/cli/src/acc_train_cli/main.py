@@ -65,8 +65,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     from acc_train.api import packs_rows
     from acc_train.checkpoint.faults import check_fault_env
     from acc_train.config.optimizer import check_optimizer
-    from acc_train.launch.launcher import check_launch_support, default_num_processes
-    from acc_train.strategy import Machine
+    from acc_train.launch.launcher import check_launch_support
     from acc_train.data import check_data_files, data_kind
     from acc_train.evaluation.kinds import job_evaluators
     from acc_train.machine import current_machine
@@ -86,8 +85,7 @@ def _train(params: dict[str, Any], print_config: bool) -> None:
     tokenizer = check_model_builds(cfg, job.strategy, packs=packs_rows(cfg.data))
     data_kind(cfg.data).check_tokenizer(tokenizer, cfg.data)
     check_prompts(cfg.eval.samples, tokenizer)
-    world = (cfg.launch.num_processes or default_num_processes()) * cfg.launch.num_machines
-    check_optimizer(job, Machine(current_machine().device_type, world, cfg.launch.num_machines))
+    check_optimizer(job, job.strategy.machine)
     if cfg.launch.machine_rank == 0:  # the run's files belong to machine 0
         check_output_dir(job)
     if cfg.launch.max_restarts:
@@ -185,13 +183,10 @@ def _check_strategy_fits(job: Any) -> None:
     """The strategy's own checks against the machines the launch section describes (mesh sizes
     against the world size, options that need an accelerator), before any worker starts: each
     worker makes them again."""
-    from acc_train.launch.launcher import default_num_processes
-    from acc_train.machine import current_machine
-    from acc_train.strategy import Machine
+    from acc_train.launch.launcher import launch_machine
 
-    launch = job.config.launch
-    nproc = launch.num_processes or default_num_processes()
-    job.strategy.check_environment(Machine(current_machine().device_type, nproc * launch.num_machines, launch.num_machines))
+    job.strategy = job.strategy.bind(launch_machine(job.config.launch))
+    job.strategy.check_environment()
     job.strategy.check_job(job.config)
 
 
@@ -368,16 +363,14 @@ def launch(ctx: click.Context, program: str, program_args: tuple[str, ...], as_m
     job = resolve_job(merged)
     report_plugin_failures()
     from acc_train.launch.protocol import leftovers_warning, protocol_env, protocol_variables, shell_leftovers
-    from acc_train.launch.launcher import check_launch_support, default_num_processes, worker_command
-    from acc_train.machine import current_machine, resolve_mixed_precision
-    from acc_train.strategy import Machine
+    from acc_train.launch.launcher import check_launch_support, launch_machine, worker_command
+    from acc_train.machine import resolve_mixed_precision
 
     cfg = job.config
     check_launch_support(cfg.launch)
-    nproc = cfg.launch.num_processes or default_num_processes()
-    machine = Machine(current_machine().device_type, nproc * cfg.launch.num_machines, cfg.launch.num_machines)
-    job.strategy.check_environment(machine)
-    mixed_precision = resolve_mixed_precision(cfg.training.mixed_precision, machine)
+    job.strategy = job.strategy.bind(launch_machine(cfg.launch))
+    job.strategy.check_environment()
+    mixed_precision = resolve_mixed_precision(cfg.training.mixed_precision, job.strategy.machine)
     strategy = {"name": cfg.strategy["name"], **job.strategy.options.model_dump(mode="json")}
     env = {
         "ACC_TRAIN_STRATEGY": json.dumps(strategy),
@@ -387,7 +380,7 @@ def launch(ctx: click.Context, program: str, program_args: tuple[str, ...], as_m
     from acc_train.launch.scratch import launch_folder
 
     with launch_folder() as scratch:  # a strategy's files for the launch (a DeepSpeed JSON), removed when it ends
-        env.update(protocol_env(job.strategy, machine, mixed_precision, scratch))
+        env.update(protocol_env(job.strategy, mixed_precision, scratch))
         leftovers = shell_leftovers(env, os.environ, protocol_variables())
         if leftovers:
             click.echo(f"warning: {leftovers_warning(leftovers)}", err=True)

@@ -1,6 +1,6 @@
 """``acc-train plan``: per-rank memory of the job under every installed strategy and preset.
 
-Each strategy states its own accounting (``Strategy.plan_memory``); the model is counted on
+Each strategy states its own accounting (``StrategyPlanner.plan_memory``); the model is counted on
 the meta device, never allocated. Only click is imported at module level.
 """
 
@@ -107,7 +107,7 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
     """The plan as data: the model, the inputs and one row per strategy variant (and one for
     the FSDP2 ``mesh``, when given); with ``mfu``, the tokens/s the job trains at that MFU
     (:func:`expected_throughput`)."""
-    from acc_train.launch.launcher import default_num_processes
+    from acc_train.launch.launcher import launch_machine
     from acc_train.memory.plan import ACTIVATION_FORMULA, PlanInput, activation_bytes, attention_score_factor, model_shape
     from acc_train.outputs.mfu import compute_precision
     from acc_train.config import resolve_strategy
@@ -116,11 +116,12 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
 
     cfg = job.config
     shape = model_shape(cfg)
-    nproc = cfg.launch.num_processes or default_num_processes()
+    machine = launch_machine(cfg.launch)
+    nproc = machine.world_size // machine.num_machines
     precision = _precision(cfg.training.mixed_precision)
     dtype = "fp32" if cfg.model.dtype == "auto" else cfg.model.dtype  # whatever the checkpoint is stored in
     inp = PlanInput(
-        shape.parameters, nproc * cfg.launch.num_machines, precision, local_world_size=nproc, dtype=dtype, largest_layer=shape.largest_layer,
+        shape.parameters, machine.world_size, precision, local_world_size=nproc, dtype=dtype, largest_layer=shape.largest_layer,
         expert_parameters=shape.expert_parameters, gradient_checkpointing=cfg.training.gradient_checkpointing,
     )
     optimizer_bytes = optimizer_kind(cfg.optimizer.name).state_bytes(cfg.optimizer, inp.param_bytes)  # the job's optimizer
@@ -133,8 +134,9 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
 
     def add(label: str, strategy: Any, is_job: bool) -> None:
         try:
-            mp = strategy.plan_memory(inp)
-            frozen = strategy.plan_memory(frozen_inp).params if frozen_inp is not None else 0
+            planner = strategy.planner()
+            mp = planner.plan_memory(inp)
+            frozen = planner.plan_memory(frozen_inp).params if frozen_inp is not None else 0
         except Exception as exc:  # noqa: BLE001 - one plugin's broken accounting must not hide the others
             click.echo(f"warning: strategy {strategy.name!r} could not plan {label!r}: {type(exc).__name__}: {exc}", err=True)
             return
@@ -165,7 +167,7 @@ def build_plan(job: Any, mesh: dict[str, int] | None = None, mfu: float | None =
 
     job.strategy.check_model(shape.model)  # what the job's run would refuse of the model (a wrap policy, heads tp does not divide)
     for strategy, _owner in strategies().primary():
-        for label, raw in strategy.plan_variants().items():
+        for label, raw in strategy.planner().plan_variants().items():
             variant = resolve_strategy(strategy.name, raw)
             is_job = variant.name == job.strategy.name and variant.options == job.strategy.options
             job_matched |= is_job

@@ -69,7 +69,7 @@ def _check_for_the_cluster(job: Any, strategy: Any, model: Any) -> None:
 
     cfg = job.config
     world = (cfg.launch.num_processes or 1) * cfg.launch.num_machines
-    strategy.check_environment(Machine("cuda", world, cfg.launch.num_machines))
+    strategy.bind(Machine("cuda", world, cfg.launch.num_machines)).check_environment()
     strategy.check_job(cfg)
     strategy.check_model(model)
 

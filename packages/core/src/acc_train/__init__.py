@@ -12,6 +12,8 @@ from acc_train.errors import PluginError, UserError
 from acc_train.hookspecs import hookimpl
 from acc_train.contracts.questions import Question
 from acc_train.strategy import Machine, Strategy, StrategyOptions, WrapPolicy
+from acc_train.contracts.launch import LaunchProtocol
+from acc_train.memory.planner import StrategyPlanner
 
 if TYPE_CHECKING:
     from acc_train.accelerator import Accelerator
@@ -19,11 +21,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Accelerator",
+    "LaunchProtocol",
     "Machine",
     "PluginError",
     "Question",
     "Strategy",
     "StrategyOptions",
+    "StrategyPlanner",
     "UserError",
     "WrapPolicy",
     "hookimpl",

@@ -18,7 +18,7 @@ import accelerate
 
 from acc_train.config.strategy import resolve_strategy
 from acc_train.errors import UserError
-from acc_train.machine import current_machine, is_local_main_process, resolve_mixed_precision
+from acc_train.machine import bound_here, is_local_main_process, resolve_mixed_precision
 from acc_train.strategy import DEFAULT_STRATEGY, Strategy
 
 __all__ = ["Accelerator", "strategy_from_env", "ENV_STRATEGY", "ENV_TIMEOUT", "collective_timeout_handler"]
@@ -30,10 +30,11 @@ ENV_TIMEOUT = "ACC_TRAIN_TIMEOUT"
 
 
 def strategy_from_env() -> Strategy[Any]:
-    """The configured strategy the launcher chose, or the default strategy when run without acc-train."""
+    """The configured strategy the launcher chose, or the default strategy when run without
+    acc-train, bound to this process's machine."""
     raw = json.loads(os.environ.get(ENV_STRATEGY) or "{}")
     name = raw.pop("name", DEFAULT_STRATEGY)
-    return resolve_strategy(name, raw)
+    return bound_here(resolve_strategy(name, raw))
 
 
 def collective_timeout_handler(job: Any) -> accelerate.utils.InitProcessGroupKwargs | None:
@@ -83,10 +84,9 @@ class Accelerator(accelerate.Accelerator):
         job: Any = None,
         **kwargs: Any,
     ) -> None:
-        if strategy is None:
-            strategy = strategy_from_env()
-        machine = current_machine()
-        strategy.check_environment(machine)
+        strategy = strategy_from_env() if strategy is None else bound_here(strategy)
+        machine = strategy.machine
+        strategy.check_environment()
         if job is not None:
             strategy.check_job(job.config)
         merged = _merge_kwargs(strategy.accelerator_kwargs(job), kwargs)
@@ -110,7 +110,7 @@ class Accelerator(accelerate.Accelerator):
         self.acc_machine = machine
         strategy.after_accelerator(self)
         self._acc_prepared: set[int] = set()
-        expected = strategy.expected_distributed_types(machine)
+        expected = strategy.expected_distributed_types()
         actual = self.distributed_type.name
         if actual not in expected:
             raise RuntimeError(

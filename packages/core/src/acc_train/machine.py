@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from acc_train.errors import UserError
-from acc_train.strategy import Machine
+from acc_train.strategy import Machine, Strategy
 
 __all__ = [
-    "current_machine", "cpu_has_native_bf16", "resolve_mixed_precision", "is_local_main_process", "warn_once_per_machine",
+    "current_machine", "bound_here", "cpu_has_native_bf16", "resolve_mixed_precision", "is_local_main_process", "warn_once_per_machine",
     "quiet_other_local_ranks",
 ]  # fmt: skip
 
@@ -24,6 +25,13 @@ def current_machine() -> Machine:
     if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in {"1", "true", "yes"}:
         return Machine("cuda", world, nodes)
     return Machine("cpu", world, nodes)
+
+
+def bound_here(strategy: Strategy[Any]) -> Strategy[Any]:
+    """``strategy`` bound to the machine this process runs on (a worker's: the world its launcher
+    started, which the launch section described), unless it is bound to that machine already."""
+    here = current_machine()
+    return strategy if strategy.is_bound and strategy.machine == here else strategy.bind(here)
 
 
 def cpu_has_native_bf16() -> bool:

@@ -26,7 +26,7 @@ def main() -> None:
     sys.path.insert(0, os.getcwd() if as_module else os.path.dirname(os.path.abspath(program)))
 
     from acc_train.errors import UserError
-    from acc_train.machine import current_machine, is_local_main_process
+    from acc_train.machine import is_local_main_process
     from acc_train.worker import exit_finished_run, exit_with_user_error, record_errors
 
     @record_errors
@@ -37,13 +37,14 @@ def main() -> None:
         from acc_train.accelerator import strategy_from_env
 
         try:
-            strategy, machine = strategy_from_env(), current_machine()
-            program_state = adopt_accelerate(strategy, machine)
+            strategy = strategy_from_env()
+            machine = strategy.machine
+            program_state = adopt_accelerate(strategy)
             if as_module:
                 runpy.run_module(program, run_name="__main__", alter_sys=True)
             else:
                 runpy.run_path(program, run_name="__main__")
-            expected = strategy.expected_distributed_types(machine)
+            expected = strategy.expected_distributed_types()
             joined = program_state.process_group or dist.is_initialized()
             if program_state.accelerators == 0 and not is_plain(expected):
                 how = (

@@ -20,6 +20,11 @@ instance. acc-train resolves the job's ``strategy:`` section once and hands ever
     def acc_train_register_strategies(register):
         register(MyStrategy())
 
+The strategy holds what the run needs. What only one caller asks about lives in objects it
+hands out: :meth:`Strategy.planner` (``acc-train plan``, the simulation, the conformance kit) and
+:meth:`Strategy.launch_protocol` (``acc-train launch`` of a user's own program). The machine the
+run is on is bound once (:meth:`Strategy.bind`) and read as ``self.machine``.
+
 Modules defining strategies must not import torch, accelerate or deepspeed at import time:
 listing strategies and ``--help`` never pay for them. Import them inside methods.
 """
@@ -27,11 +32,11 @@ listing strategies and ``--help`` never pay for them. Import them inside methods
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -41,9 +46,10 @@ from acc_train.errors import PluginError
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from acc_train.memory.plan import MemoryPlan, PlanInput
-    from acc_train.memory.state import ModelStateMeter
+    from acc_train.contracts.launch import LaunchProtocol
     from acc_train.contracts.protocols import JobView, RunView
+    from acc_train.memory.planner import StrategyPlanner
+    from acc_train.memory.state import ModelStateMeter
 
 __all__ = ["DEFAULT_STRATEGY", "Strategy", "StrategyOptions", "WrapPolicy", "Machine", "legacy_contract_problem"]
 
@@ -74,8 +80,10 @@ class Strategy(ABC, Generic[OptionsT]):
 
     Subclasses set ``name`` and ``options_schema`` and implement :meth:`accelerator_kwargs`.
     Everything else has a default that suits a data-parallel strategy. The registered instance
-    is a prototype; :meth:`configure` returns a copy bound to validated options, and that copy
-    is what the job, the worker, the Accelerator and ``acc-train plan`` use.
+    is a prototype; :meth:`configure` returns a copy bound to validated options, and
+    :meth:`bind` a copy of that bound to the machine the run is on: that copy is what the job's
+    checks, the worker and the Accelerator use. Values a strategy derives from its options and
+    machine may be cached with ``functools.cached_property``: each copy computes them afresh.
     """
 
     #: The name users pass to ``--strategy``.
@@ -97,16 +105,10 @@ class Strategy(ABC, Generic[OptionsT]):
     accelerate_distributed_types: ClassVar[tuple[str, ...]] = ()
     #: Top-level sections of an ``accelerate config`` file that its hook maps (``fsdp_config``).
     accelerate_config_sections: ClassVar[tuple[str, ...]] = ()
-    #: The ``accelerate launch`` variables :meth:`launch_env` speaks for: names, or prefixes
-    #: ending in ``_`` (``FSDP_``). Those left in the user's shell give way when a program is
-    #: launched under any strategy (with a warning), so a stale one never changes it.
-    launch_variables: ClassVar[tuple[str, ...]] = ()
-    #: ``Accelerator`` arguments through which a program asks Accelerate for this strategy
-    #: (``fsdp_plugin``): a launched program passing one under another strategy is refused.
-    accelerator_arguments: ClassVar[tuple[str, ...]] = ()
 
     rejoins_run: ClassVar[bool] = False  # a launch into a directory holding a run continues it (a replica group rejoins)
     _options: OptionsT | None = None
+    _machine: Machine | None = None
 
     @property
     def options(self) -> OptionsT:
@@ -122,6 +124,20 @@ class Strategy(ABC, Generic[OptionsT]):
     def is_configured(self) -> bool:
         return self._options is not None
 
+    @property
+    def machine(self) -> Machine:
+        """The machine this strategy was bound to (:meth:`bind`): device type, world size, machines."""
+        if self._machine is None:
+            raise PluginError(
+                f'strategy "{self.name}" is not bound to a machine',
+                hint="bind it with strategy.bind(machine) (acc-train does, from the launch section, before calling it)",
+            )
+        return self._machine
+
+    @property
+    def is_bound(self) -> bool:
+        return self._machine is not None
+
     def parse_options(self, raw: dict[str, Any]) -> OptionsT:
         """Validate the ``strategy:`` section. Raises pydantic's ValidationError; the caller
         turns it into a message naming the key path."""
@@ -129,13 +145,30 @@ class Strategy(ABC, Generic[OptionsT]):
 
     def configure(self, options: OptionsT) -> Strategy[OptionsT]:
         """A copy of this strategy bound to ``options`` (already validated)."""
-        bound = copy.copy(self)
+        bound = self._fresh_copy()
         bound._options = options
         return bound
 
-    def check_environment(self, machine: Machine) -> None:
+    def bind(self, machine: Machine) -> Strategy[OptionsT]:
+        """A copy of this strategy bound to ``machine``, the one the run is on (built once from the
+        launch section before launch, :func:`acc_train.launch.launcher.launch_machine`; the worker's own in
+        a worker), read as ``self.machine``."""
+        bound = self._fresh_copy()
+        bound._machine = machine
+        return bound
+
+    def _fresh_copy(self) -> Strategy[OptionsT]:
+        """A shallow copy without the values ``functools.cached_property`` cached on this one."""
+        fresh = copy.copy(self)
+        for klass in type(self).__mro__:
+            for key, value in vars(klass).items():
+                if isinstance(value, functools.cached_property):
+                    fresh.__dict__.pop(key, None)
+        return fresh
+
+    def check_environment(self) -> None:
         """Raise :class:`acc_train.UserError` with a hint when this strategy cannot run on
-        ``machine`` as configured. A strategy never silently becomes another."""
+        ``self.machine`` as configured. A strategy never silently becomes another."""
 
     def check_job(self, config: Any) -> None:
         """Raise :class:`acc_train.UserError` when this strategy as configured cannot train the
@@ -152,46 +185,15 @@ class Strategy(ABC, Generic[OptionsT]):
         (``fsdp_plugin``, ``deepspeed_plugin``, ``kwargs_handlers``...). ``job`` is None when a
         user's own script is launched (``acc-train launch``)."""
 
-    def launch_env(self, machine: Machine, scratch: Path) -> dict[str, str]:
-        """The variables ``accelerate launch`` gives its workers for this strategy with these
-        options (``ACCELERATE_USE_FSDP``, ``FSDP_*``, ``ACCELERATE_DEEPSPEED_*``...), for a program
-        ``acc-train launch`` runs unchanged: Accelerate, HF Trainer and TRL build their plugins
-        from them. ``scratch`` is a private directory that lives as long as the launch, for a file
-        a variable names (a DeepSpeed JSON). Raise :class:`acc_train.UserError` naming an option
-        that no variable carries and that :meth:`after_accelerator` does not apply either.
-
-        The default suits a plain data-parallel strategy (Accelerate's ``MULTI_*`` types), which
-        needs no variable; it calls :meth:`accelerator_kwargs` with no job so a strategy that
-        refuses to run a user's program says so before launch. A strategy that declares another
-        of Accelerate's types must map its options itself, or it is refused by name."""
-        plain = {t for t in self.accelerate_distributed_types if t == "NO" or t.startswith("MULTI_")}
-        if set(self.accelerate_distributed_types) - plain:
-            from acc_train.errors import UserError
-
-            raise UserError(
-                f'strategy "{self.name}" declares no `acc-train launch` mapping (Strategy.launch_env), so a program '
-                "launched unchanged would not run it",
-                where="--strategy",
-                hint="train through a job config (acc-train --config ...), or ask the plugin's authors for launch_env",
-            )
-        self.accelerator_kwargs(None)
-        return {}
-
     def after_accelerator(self, accelerator: Accelerator) -> None:
         """Called right after the Accelerator is built, before anything is prepared.
         ``accelerator.acc_kwargs`` holds the keyword arguments it was built with.
 
         It is called for every Accelerator of a program that ``acc-train launch`` runs
         unchanged too (``accelerator.acc_launched`` is then True): there Accelerate built the
-        plugins from :meth:`launch_env`'s variables, or the program passed its own, and this is
+        plugins from the variables of :meth:`launch_protocol`, or the program passed its own, and this is
         where options no variable carries are applied, and where a strategy switches Accelerate
         to itself on a machine where Accelerate would fall back to another."""
-
-    def before_program(self, machine: Machine) -> None:
-        """Called in each worker of ``acc-train launch`` just before the user's program starts
-        (after Accelerate's own classes are adopted): where a strategy refuses, with an error a
-        person can act on, what a program may build that cannot run under it (e.g. a plugin
-        written for another version of the strategy, which would fail inside Accelerate)."""
 
     def before_prepare(self, accelerator: Accelerator, model: Any) -> None:
         """Called with each model just before Accelerate prepares (wraps) it, e.g. to resolve a
@@ -245,45 +247,9 @@ class Strategy(ABC, Generic[OptionsT]):
 
         return TorchOptimizerMeter(optimizer)
 
-    def plan_variants(self) -> dict[str, dict[str, Any]]:
-        """The option sets ``acc-train plan`` shows a row for, by label: the presets, or the
-        defaults when there are none."""
-        return {name: dict(options) for name, options in self.presets.items()} or {self.name: {}}
-
-    def plan_memory(self, plan: PlanInput) -> MemoryPlan:
-        """What one rank holds of the model state with these options, for ``acc-train plan``
-        (no model is built). The default is a full replica on every rank, as DDP holds:
-        16psi bytes in fp32. A sharding strategy states its own."""
-        from acc_train.memory.plan import replicated
-
-        return replicated(plan)
-
-    def memory_tracker(self, model: Any, optimizer: Any) -> Any | None:
-        """The torch memory tracker (``torch.distributed._tools``) that measures a step of
-        ``model`` and ``optimizer`` as ``prepare`` returned them (Accelerate's optimizer wrapper),
-        for ``acc-train plan --simulate``; None: ``MemTracker`` over the model and the torch
-        optimizer, which suits a strategy whose parameters and optimizer state are the model's
-        and the torch optimizer's own (a strategy keeping state elsewhere must count it here). FSDP2 answers ``FSDPMemTracker``, which
-        tells sharded from gathered parameters and the all-gather and reduce-scatter buffers."""
-        return None
-
-    def parameter_shards(self, machine: Machine) -> int:
-        """Into how many parts this strategy, with these options, splits the model's parameters
-        across the ranks of ``machine``: 1 where every rank holds them whole (DDP, ZeRO-1/2),
-        ``machine.world_size`` where each holds about 1/N (FSDP, ZeRO-3), the processes per
-        machine under hybrid sharding. The conformance kit holds a run to it: each rank's
-        parameter elements (``parameter_elements``, in ``run.json``) must be about total/shards."""
-        return 1
-
     def checkpoint_format_name(self) -> str:
         """The registered checkpoint format to save with, given the options."""
         return self.checkpoint_format
-
-    def equivalent_to_ddp(self) -> bool:
-        """Whether, with these options and fp32, this strategy computes DDP's updates (sharding
-        changes where state lives, not the arithmetic). The conformance kit
-        (``acc_train.testing``) then checks that its losses match DDP's."""
-        return False
 
     def compile_problem(self, settings: Any) -> str | None:
         """Why ``training.compile`` as set (``settings``: the validated section, with ``backend``,
@@ -294,12 +260,13 @@ class Strategy(ABC, Generic[OptionsT]):
         compilation says why and what to use instead; the job is refused before launch with it."""
         return None
 
-    def expected_distributed_types(self, machine: Machine) -> set[str]:
-        """Names of Accelerate ``DistributedType`` members this strategy accepts on ``machine``.
+    def expected_distributed_types(self) -> set[str]:
+        """Names of Accelerate ``DistributedType`` members this strategy accepts on ``self.machine``.
         If Accelerate picks another one, the run stops with an error instead of training
         under a strategy the user did not ask for. Where the strategy declares
         ``accelerate_distributed_types``, the conformance kit also holds a run on several
         processes to those: a strategy that is Accelerate's FSDP must run as FSDP."""
+        machine = self.machine
         multi = "MULTI_GPU" if machine.device_type == "cuda" else f"MULTI_{machine.device_type.upper()}"
         # one process: NO in-process, or a one-rank process group under the launcher
         return {"NO", multi} if machine.world_size == 1 else {multi}
@@ -335,16 +302,30 @@ class Strategy(ABC, Generic[OptionsT]):
         """Extra keys for ``run.json`` (e.g. a ZeRO stage)."""
         return {}
 
-    def low_precision_warning(self, dtype: str) -> str:
-        """The one warning a run with ``model.dtype: bf16``/``fp16`` (``dtype``) prints: what this
-        strategy then keeps in which precision. The default suits strategies whose torch
-        optimizer steps the parameters themselves (DDP, FSDP); one whose library keeps its own
-        master copy says so."""
-        return (
-            f"model.dtype: {dtype} trains the weights in {dtype} with no fp32 master copy: parameters, gradients and "
-            f"optimizer moments are {dtype}, and updates smaller than its precision round away. "
-            "model.dtype: auto keeps fp32 masters, with training.mixed_precision for the compute"
-        )
+    def planner(self) -> StrategyPlanner[Any]:
+        """What ``acc-train plan``, ``plan --simulate`` and the conformance kit ask about this
+        strategy with these options: its memory plan, the variants the plan shows, how it splits
+        the parameters, the tracker that measures a simulated step, whether it computes DDP's
+        updates, what it keeps in low precision. The default suits a replicated strategy (DDP);
+        a strategy that shards returns its own :class:`acc_train.api.StrategyPlanner`."""
+        from acc_train.memory.planner import StrategyPlanner
+
+        return StrategyPlanner(self)
+
+    def launch_protocol(self) -> LaunchProtocol[Any] | None:
+        """How ``acc-train launch`` runs a user's own program under this strategy: the variables
+        ``accelerate launch`` would give its workers, the ``Accelerator`` arguments that ask for
+        it, and what to refuse before the program starts; None: such programs cannot run under
+        it, and ``acc-train launch`` refuses it by name. The default suits a plain data-parallel
+        strategy (Accelerate's ``MULTI_*`` types), which needs no variable; a strategy declaring
+        another of Accelerate's types maps its options in its own
+        :class:`acc_train.api.LaunchProtocol`, or is refused."""
+        plain = {t for t in self.accelerate_distributed_types if t == "NO" or t.startswith("MULTI_")}
+        if set(self.accelerate_distributed_types) - plain:
+            return None
+        from acc_train.contracts.launch import LaunchProtocol
+
+        return LaunchProtocol(self)
 
     def all_names(self) -> list[str]:
         return [self.name, *self.aliases, *self.presets]
@@ -352,35 +333,64 @@ class Strategy(ABC, Generic[OptionsT]):
 
 #: methods whose ``options`` parameter the first contract had; now ``self.options``
 _LEGACY_OPTIONS_METHODS = (
-    "check_environment", "accelerator_kwargs", "after_accelerator", "before_prepare", "full_state_dict",
-    "plan_memory", "equivalent_to_ddp", "summary",
+    "check_environment", "accelerator_kwargs", "after_accelerator", "before_prepare", "full_state_dict", "summary",
 )  # fmt: skip
+#: members that moved off ``Strategy`` into the object it hands out, by that object's method and class
+_MOVED = {
+    **dict.fromkeys(
+        ("plan_variants", "plan_memory", "parameter_shards", "memory_tracker", "equivalent_to_ddp", "low_precision_warning"),
+        ("planner", "StrategyPlanner"),
+    ),
+    **dict.fromkeys(("launch_env", "before_program", "launch_variables", "accelerator_arguments"), ("launch_protocol", "LaunchProtocol")),
+}
+#: methods that took the machine as an argument; now ``self.machine``
+_LEGACY_MACHINE_METHODS = ("check_environment", "expected_distributed_types")
+_GUIDE = "docs/writing-a-strategy.md"
+
+
+def _parameters(cls: type, method: str) -> Any:
+    impl = getattr(cls, method, None)
+    if impl is None or impl is getattr(Strategy, method, None):
+        return {}
+    try:
+        return inspect.signature(impl).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 def legacy_contract_problem(strategy: Strategy[Any]) -> str | None:
-    """Why ``strategy`` was written against the first strategy contract (methods taking
-    ``options``), or None. Such a strategy would be called with the wrong arguments, so it is
-    refused at registration with this message."""
+    """Why ``strategy`` was written against an earlier strategy contract, or None: methods taking
+    ``options`` (the first), planning or launch members on the strategy itself, or methods taking
+    the machine (the second). Such a strategy would be called with the wrong arguments, or not
+    at all, so it is refused at registration with this message, which names the rename."""
     cls = type(strategy)
-    if any("checkpoint_format_for" in vars(k) for k in cls.__mro__ if k is not Strategy):
+    own = [k for k in cls.__mro__ if k is not Strategy and k is not object]
+    if any("checkpoint_format_for" in vars(k) for k in own):
         return (
             f"{cls.__name__} defines checkpoint_format_for(options), from acc-train's first strategy contract, "
             "which is no longer called; options are now bound to the strategy: rename it to "
-            "checkpoint_format_name(self) and read self.options (docs/writing-a-strategy.md, 'Options belong to the strategy')"
+            f"checkpoint_format_name(self) and read self.options ({_GUIDE}, 'Options belong to the strategy')"
         )
     for method in _LEGACY_OPTIONS_METHODS:
-        impl = getattr(cls, method, None)
-        if impl is None or impl is getattr(Strategy, method):
-            continue
-        try:
-            params = inspect.signature(impl).parameters
-        except (TypeError, ValueError):
-            continue
-        if "options" in params:
+        if "options" in _parameters(cls, method):
             return (
                 f"{cls.__name__}.{method} takes an `options` argument, as in acc-train's first strategy contract; "
                 f"options are now bound to the strategy: drop the parameter and read self.options "
-                "(docs/writing-a-strategy.md, 'Options belong to the strategy')"
+                f"({_GUIDE}, 'Options belong to the strategy')"
+            )
+    for name, (method, base) in _MOVED.items():
+        if any(name in vars(k) for k in own):
+            return (
+                f"`{name}` moved to the strategy's {method}(): {cls.__name__} defines it on the strategy, where acc-train "
+                f"no longer reads it; define it on a subclass of acc_train.api.{base} (self.strategy is the configured "
+                f"strategy) and return an instance from {cls.__name__}.{method}() ({_GUIDE}, 'What a strategy hands out')"
+            )
+    for method in _LEGACY_MACHINE_METHODS:
+        if "machine" in _parameters(cls, method):
+            return (
+                f"{cls.__name__}.{method} takes a `machine` argument, as in acc-train's second strategy contract; the "
+                f"machine is now bound to the strategy once: drop the parameter and read self.machine "
+                f"({_GUIDE}, 'The machine')"
             )
     return None
 

@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from acc_train.api import Machine, Question, Strategy, StrategyOptions, UserError, hookimpl, warn_once_per_machine
+from acc_train.api import LaunchProtocol, Question, Strategy, StrategyOptions, StrategyPlanner, UserError, hookimpl, warn_once_per_machine
 
-__all__ = ["DDPOptions", "DDPStrategy"]
+__all__ = ["DDPOptions", "DDPStrategy", "DDPPlanner", "DDPLaunch"]
 
 
 class DDPOptions(StrategyOptions):
@@ -49,8 +49,8 @@ class DDPStrategy(Strategy[DDPOptions]):
     checkpoint_format = "dcp"
     accelerate_distributed_types = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU")
 
-    def check_environment(self, machine: Machine) -> None:
-        options = self.options
+    def check_environment(self) -> None:
+        options, machine = self.options, self.machine
         if options.comm_hook == "fp16" and machine.device_type == "cpu" and machine.world_size > 1:
             raise UserError(
                 "the fp16 compression hook needs GPUs (gloo cannot all-reduce fp16 on CPU)",
@@ -58,13 +58,11 @@ class DDPStrategy(Strategy[DDPOptions]):
                 hint="use comm_hook: bf16 or none on CPU",
             )
 
-    def equivalent_to_ddp(self) -> bool:
-        return self.options.comm_hook == "none"  # compression changes the all-reduced gradients
+    def planner(self) -> DDPPlanner:
+        return DDPPlanner(self)
 
-    def launch_env(self, machine: Machine, scratch: Any) -> dict[str, str]:
-        """None: ``accelerate launch`` runs DDP with no variable of its own, and no variable
-        carries DDP's options; :meth:`after_accelerator` applies them in the worker."""
-        return {}
+    def launch_protocol(self) -> DDPLaunch:
+        return DDPLaunch(self)
 
     def after_accelerator(self, accelerator: Any) -> None:
         """In a program ``acc-train launch`` runs unchanged, the options (if any differs from
@@ -105,6 +103,20 @@ class DDPStrategy(Strategy[DDPOptions]):
             comm_state_option=state,
         )
         return {"kwargs_handlers": [handler]}
+
+
+class DDPPlanner(StrategyPlanner[DDPStrategy]):
+    """A replica on every rank (the default plan)."""
+
+    def equivalent_to_ddp(self) -> bool:
+        return self.options.comm_hook == "none"  # compression changes the all-reduced gradients
+
+
+class DDPLaunch(LaunchProtocol[DDPStrategy]):
+    def launch_env(self, scratch: Any) -> dict[str, str]:
+        """None: ``accelerate launch`` runs DDP with no variable of its own, and no variable
+        carries DDP's options; :meth:`DDPStrategy.after_accelerator` applies them in the worker."""
+        return {}
 
 
 @hookimpl

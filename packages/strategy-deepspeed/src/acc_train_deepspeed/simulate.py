@@ -26,7 +26,7 @@ back). The fake group exchanges nothing and the value read back is no rank's, so
 find a disagreement where there is none; it is skipped (every rank of a rehearsal is this
 process, running the same code).
 
-Imported only while simulating (``DeepSpeedStrategy.memory_tracker``): torch is imported when the
+Imported only while simulating (``DeepSpeedPlanner.memory_tracker``): torch is imported when the
 tracker is built, not with the strategy.
 """
 

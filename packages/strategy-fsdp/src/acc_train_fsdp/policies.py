@@ -7,12 +7,16 @@ FSDP versions apply them natively.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from acc_train.api import UserError, WrapPolicy, closest
 
-__all__ = ["TransformerLayerPolicy", "SizePolicy", "NoWrapPolicy", "layer_class_names", "check_units"]
+__all__ = ["TransformerLayerPolicy", "SizePolicy", "NoWrapPolicy", "layer_class_names", "check_units", "apply_wrap_policy", "DEFAULT_MIN_NUM_PARAMS"]
+
+#: the size policy's unit size when ``min_num_params`` is unset
+DEFAULT_MIN_NUM_PARAMS = 100_000_000
 
 
 def _class_names(model: Any) -> set[str]:
@@ -116,3 +120,36 @@ def check_units(model: Any, policy: WrapPolicy, options: dict[str, Any]) -> None
             where="strategy.auto_wrap_policy",
             hint=hint,
         )
+
+
+def apply_wrap_policy(plugin: Any, model: Any, options: Any) -> None:
+    """Resolve the registered wrap policy ``options.auto_wrap_policy`` against ``model``, in
+    Accelerate's terms, on its FSDP ``plugin``."""
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy, size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
+    from acc_train.api import wrap_policies
+
+    policy = wrap_policies().get(options.auto_wrap_policy)
+    if policy.name == "transformer":
+        plugin.transformer_cls_names_to_wrap = layer_class_names(model, options.transformer_layer_cls_to_wrap)
+        plugin.auto_wrap_policy = transformer_auto_wrap_policy
+    elif policy.name == "size":
+        plugin.min_num_params = options.min_num_params or DEFAULT_MIN_NUM_PARAMS
+        plugin.auto_wrap_policy = size_based_auto_wrap_policy
+    elif policy.name == "none":
+        plugin.auto_wrap_policy = None
+    else:  # a plugin's policy: a predicate over modules
+        predicate = policy.build(model, options.model_dump())
+        if options.version == 1:
+            plugin.auto_wrap_policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=predicate)
+        else:  # Accelerate's FSDP2 path wraps by layer class: the predicate must select whole classes
+            modules = [m for m in model.modules() if m is not model]
+            chosen = {type(m) for m in modules if predicate(m)}
+            if any(type(m) in chosen and not predicate(m) for m in modules):
+                raise UserError(
+                    f"wrap policy {policy.name!r} selects some modules of a class but not others; FSDP2 here wraps by layer class",
+                    where="strategy.auto_wrap_policy",
+                    hint="use it with version: 1, or make it select whole classes",
+                )
+            plugin.transformer_cls_names_to_wrap = sorted(c.__name__ for c in chosen)
+            plugin.auto_wrap_policy = transformer_auto_wrap_policy if chosen else None

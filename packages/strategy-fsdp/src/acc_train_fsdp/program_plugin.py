@@ -1,5 +1,5 @@
 """A launched program's own ``FullyShardedDataParallelPlugin``, held to the FSDP version
-``acc-train launch`` was given (:meth:`acc_train_fsdp.FSDPStrategy.before_program`).
+``acc-train launch`` was given (:meth:`acc_train_fsdp.launch.FSDPLaunch.before_program`).
 
 Accelerate reads ``FSDP_VERSION`` (which the launch sets) when a plugin is built, then refuses
 the other version's options with a ValueError from inside the plugin

@@ -2,24 +2,23 @@
 
 On GPUs this is Accelerate's own FSDP path. On CPU, Accelerate would silently run DDP; the
 strategy switches its state to FSDP through :mod:`acc_train.accelerate_compat`, so FSDP
-really shards over gloo.
+really shards over gloo. The device mesh is :mod:`acc_train_fsdp.mesh`, planning
+:mod:`acc_train_fsdp.planning`, ``acc-train launch`` :mod:`acc_train_fsdp.launch`.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from acc_train.api import Machine, Strategy, UserError, warn_once_per_machine
+from acc_train.api import Strategy, UserError, warn_once_per_machine
+from acc_train_fsdp.launch import FSDPLaunch
+from acc_train_fsdp.mesh import Mesh, live_mesh_summary
 from acc_train_fsdp.options import FSDPOptions
-
-if TYPE_CHECKING:
-    from acc_train.api import MemoryPlan, PlanInput
+from acc_train_fsdp.planning import FSDPPlanner
 
 __all__ = ["FSDPStrategy"]
-
-DEFAULT_MIN_NUM_PARAMS = 100_000_000
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -37,19 +36,39 @@ class FSDPStrategy(Strategy[FSDPOptions]):
     checkpoint_format = "dcp"
     accelerate_distributed_types = ("FSDP",)
     accelerate_config_sections = ("fsdp_config", "parallelism_config")
-    launch_variables = ("ACCELERATE_USE_FSDP", "FSDP_", "ACCELERATE_USE_PARALLELISM_CONFIG", "PARALLELISM_CONFIG_")
-    accelerator_arguments = ("fsdp_plugin",)
+
+    def planner(self) -> FSDPPlanner:
+        return FSDPPlanner(self)
+
+    def launch_protocol(self) -> FSDPLaunch:
+        return FSDPLaunch(self)
+
+    @functools.cached_property
+    def mesh(self) -> Mesh | None:
+        """The device mesh on the bound machine (None for plain FSDP), computed and validated once:
+        sizes that do not fit the world are refused here, naming the option."""
+        return Mesh.of(self.options, self.machine.world_size)
+
+    def mesh_sizes(self, world_size: int) -> dict[str, int] | None:
+        """The mesh's sizes for a run of ``world_size`` processes (``acc-train plan`` and
+        ``plan --simulate`` plan other worlds than the bound one); None for plain FSDP."""
+        mesh = Mesh.of(self.options, world_size)
+        return None if mesh is None else mesh.sizes
+
+    @property
+    def _pure_tp(self) -> bool:
+        """Tensor parallelism alone on the bound machine (:attr:`Mesh.pure_tp`)."""
+        return self.mesh is not None and self.mesh.pure_tp
+
+    def _parallelism_config(self) -> Any:
+        """Accelerate's ``ParallelismConfig`` for the mesh (None without one)."""
+        return None if self.mesh is None else self.mesh.parallelism_config(self.options.cp_comm_strategy)
 
     def checkpoint_format_name(self) -> str:
         """Sharded: core's ``dcp`` (each rank writes its shards; portable across strategies and
         world sizes). Full: gathered to rank 0."""
         options = self.options
         return "dcp" if options.state_dict_type == "sharded" else "fsdp-full"
-
-    def equivalent_to_ddp(self) -> bool:
-        options = self.options
-        # its own casts change the arithmetic; context parallelism drops the packed rows' masks
-        return options.mixed_precision_policy is None and options.cp in (None, 1)
 
     def compile_problem(self, settings: Any) -> str | None:
         """Compiled as Accelerate does it (the model before ``fully_shard`` under FSDP2, the FSDP
@@ -73,16 +92,16 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             return "compiling a context-parallel model (strategy.cp, which patches SDPA while it runs) was not tried; drop training.compile or strategy.cp"
         return None
 
-    def check_environment(self, machine: Machine) -> None:
-        options = self.options
+    def check_environment(self) -> None:
+        options, machine = self.options, self.machine
         if options.cpu_offload and machine.device_type == "cpu":
             raise UserError(
                 "cpu_offload moves parameters from accelerator memory to CPU memory; this run has no accelerator, so it would do nothing",
                 where="strategy.cpu_offload",
                 hint="drop cpu_offload (or the fsdp-offload preset) on a CPU-only run",
             )
-        self.mesh_sizes(machine.world_size)  # refuses sizes that do not fit the world
-        self._refuse_fsdp_options_without_fsdp(machine.world_size)
+        if self.mesh is not None:  # sizes that do not fit the world are refused as it is computed
+            self.mesh.refuse_fsdp_options(options, machine.world_size)
         if options.cp not in (None, 1) and machine.device_type == "cpu":
             from acc_train_fsdp.context_parallel import refuse_cp_on_cpu
 
@@ -137,129 +156,26 @@ class FSDPStrategy(Strategy[FSDPOptions]):
                 hint="drop model.lora or strategy.tp",
             )
 
-    def mesh_sizes(self, world_size: int) -> dict[str, int] | None:
-        """``{"dp_replicate": R, "dp_shard": S}`` (and ``"cp": C``, ``"tp": T`` when above 1) for a
-        run of ``world_size`` processes when the options ask for a mesh (an unset data-parallel
-        size is the world size divided by cp x tp and the other); None for plain FSDP. Sizes whose
-        product is not the world size, and combinations that cannot run, are a UserError naming
-        the option."""
-        options = self.options
-        replicate, shard, tp, cp = options.dp_replicate, options.dp_shard, options.tp or 1, options.cp or 1
-        if replicate is None and shard is None and tp == 1 and cp == 1:
-            return None
-        for name, size in (("tp", tp), ("cp", cp)):
-            if world_size % size:
-                raise UserError(
-                    f"{name}: {size} does not divide the world size ({world_size} processes)",
-                    where=f"strategy.{name}",
-                    hint=f"choose a divisor of {world_size}, or change --num-processes / --num-machines",
-                )
-        if world_size % (tp * cp):
-            raise UserError(
-                f"cp x tp = {cp} x {tp} = {cp * tp} does not divide the world size ({world_size} processes)",
-                where="strategy.cp",
-                hint=f"make cp x tp a divisor of {world_size}",
-            )
-        data = world_size // (tp * cp)  # processes that read different batches
-        inner = " x ".join(n for n, size in (("cp", cp), ("tp", tp)) if size > 1)
-        per = f"the world size / {inner} ({world_size} / {tp * cp} = {data})" if tp * cp > 1 else f"the world size ({world_size} processes)"
-        if replicate is None and shard is None:
-            replicate, shard = 1, data
-        elif replicate is None or shard is None:
-            given, size = ("dp_replicate", replicate) if shard is None else ("dp_shard", shard)
-            if data % size:  # type: ignore[operator]
-                raise UserError(
-                    f"{given}: {size} does not divide {per}",
-                    where=f"strategy.{given}",
-                    hint=f"choose a divisor of {data}, or change --num-processes / --num-machines",
-                )
-            other = data // size  # type: ignore[operator]
-            replicate, shard = (size, other) if shard is None else (other, size)
-        if replicate * shard * cp * tp != world_size:
-            dims = [("dp_replicate", replicate), ("dp_shard", shard), ("cp", cp), ("tp", tp)]
-            dims = [(n, size) for n, size in dims if n.startswith("dp") or size > 1]
-            names, sizes = " x ".join(n for n, _ in dims), " x ".join(str(size) for _, size in dims)
-            raise UserError(
-                f"{names} = {sizes} = {replicate * shard * cp * tp}, and the run has {world_size} processes",
-                where="strategy.dp_replicate",
-                hint=f"make the product {world_size} (processes per machine x machines), or set only one of them",
-            )
-        if tp > 1 and replicate > 1 and shard == 1:
-            raise UserError(
-                "dp_replicate above 1 with tp and no dp_shard replicates tensor-parallel models without syncing their "
-                "gradients (Accelerate wraps no DDP around a tensor-parallel model)",
-                where="strategy.dp_replicate",
-                hint=f"use dp_shard: {replicate} instead (FSDP x TP), or dp_replicate with dp_shard above 1 (HSDP x TP)",
-            )
-        if tp > 1 and options.version == 2 and options.cpu_offload:
-            raise UserError("cpu_offload with tp (FSDP x TP offloading) was not tried", where="strategy.tp", hint="drop cpu_offload or tp")
-        if cp > 1 and replicate > 1 and shard == 1:
-            raise UserError(
-                "dp_replicate above 1 with cp and no dp_shard: Accelerate refuses context parallelism with pure data parallelism",
-                where="strategy.dp_replicate",
-                hint=f"use dp_shard: {replicate} instead (FSDP x CP), or dp_replicate with dp_shard above 1 (HSDP x CP)",
-            )
-        sizes = {"dp_replicate": replicate, "dp_shard": shard}
-        return {**sizes, **{n: size for n, size in (("cp", cp), ("tp", tp)) if size > 1}}
-
-    def _pure_tp(self, world_size: int) -> bool:
-        """Tensor parallelism alone (``tp`` is the world size): no FSDP, Accelerate's plain
-        multi-process type with the mesh (Accelerate refuses FSDP with nothing to shard over)."""
-        sizes = self.mesh_sizes(world_size)
-        return sizes is not None and sizes.get("tp", 1) > 1 and sizes.get("cp", 1) == 1 and sizes["dp_replicate"] == sizes["dp_shard"] == 1
-
-    #: FSDP's own options, which tensor parallelism alone (no FSDP) would not use
-    FSDP_ONLY = ("activation_checkpointing", "mixed_precision_policy", "reshard_after_forward", "cpu_ram_efficient_loading", "cpu_offload")
-
-    def _refuse_fsdp_options_without_fsdp(self, world_size: int) -> None:
-        if not self._pure_tp(world_size):
-            return
-        for name in self.FSDP_ONLY:
-            if getattr(self.options, name) != type(self.options).model_fields[name].default:  # set to anything but "unset"
-                raise UserError(
-                    f"{name} is an FSDP option, and tp: {self.options.tp} on {world_size} processes is tensor parallelism alone (no FSDP), which would not use it",
-                    where=f"strategy.{name}",
-                    hint="drop it, or add dp_shard (FSDP x TP) so FSDP runs",
-                )
-
-    def _parallelism_config(self) -> Any:
-        """Accelerate's ``ParallelismConfig`` for the mesh options (None without them)."""
-        from acc_train.api import current_machine
-
-        sizes = self.mesh_sizes(current_machine().world_size)
-        if sizes is None:
-            return None
-        from accelerate.parallelism_config import ParallelismConfig
-
-        cp: dict[str, Any] = {}
-        if sizes.get("cp", 1) > 1:  # torch's context_parallel; the exchange Accelerate's default (not the shell's PARALLELISM_CONFIG_*) unless set
-            from accelerate.utils import TorchContextParallelConfig
-
-            cp = {"cp_size": sizes["cp"], "cp_handler": TorchContextParallelConfig(cp_comm_strategy=self.options.cp_comm_strategy or "allgather")}
-        return ParallelismConfig(dp_replicate_size=sizes["dp_replicate"], dp_shard_size=sizes["dp_shard"], tp_size=sizes.get("tp", 1), **cp)
-
     def accelerator_kwargs(self, job: Any) -> dict[str, Any]:
         import torch
         from accelerate.utils import FullyShardedDataParallelPlugin
 
         options = self.options
-        from acc_train.api import current_machine
-
-        on_cpu = current_machine().device_type == "cpu"
+        on_cpu = self.machine.device_type == "cpu"
         if options.cp not in (None, 1):
             warn_once_per_machine(
                 "strategy.cp: attention is causal over each whole row (Accelerate drops the attention mask for "
                 "context parallelism), so the documents cut into a row attend to the documents before them in the "
                 "row, which they do not without cp (rows of whole examples are refused under cp)"
             )
-        if self._pure_tp(current_machine().world_size):  # no FSDP: the mesh alone (on CPU: after_accelerator)
+        if self._pure_tp:  # no FSDP: the mesh alone (on CPU: after_accelerator)
             return {} if on_cpu else {"parallelism_config": self._parallelism_config()}
         if not on_cpu:
             # Accelerate picks its cuda:nccl,cpu:gloo backend (needed when state lives on CPU) from
             # these variables, which `accelerate launch` sets from the same options
             os.environ["FSDP_OFFLOAD_PARAMS"] = str(options.cpu_offload).lower()
             os.environ["FSDP_STATE_DICT_TYPE"] = "SHARDED_STATE_DICT" if options.state_dict_type == "sharded" else "FULL_STATE_DICT"
-        kwargs = self._plugin_kwargs(on_cpu, job)
+        kwargs = self.plugin_kwargs(on_cpu, job)
         # the wrap policy is resolved against the model in before_prepare
         kwargs["auto_wrap_policy"] = "no_wrap"
         if options.mixed_precision_policy is not None:
@@ -274,10 +190,10 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             out["parallelism_config"] = mesh
         return out
 
-    def _plugin_kwargs(self, on_cpu: bool, job: Any) -> dict[str, Any]:
+    def plugin_kwargs(self, on_cpu: bool, job: Any) -> dict[str, Any]:
         """``FullyShardedDataParallelPlugin`` arguments for the options, less the wrap policy and
         the mixed-precision policy: what :meth:`accelerator_kwargs` builds the plugin from, and
-        what :meth:`launch_env` exports as Accelerate's variables."""
+        what :meth:`FSDPLaunch.launch_env` exports as Accelerate's variables."""
         options = self.options
         ram_efficient = options.cpu_ram_efficient_loading
         if ram_efficient and job is not None and job.config.model.name_or_path is None:
@@ -299,82 +215,16 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             kwargs["sharding_strategy"] = (options.sharding_strategy or "full_shard").upper()
             kwargs["backward_prefetch"] = (options.backward_prefetch or "backward_pre").upper() if options.backward_prefetch != "none" else None
             kwargs["forward_prefetch"] = bool(options.forward_prefetch)
-            kwargs["sync_module_states"] = self._sync_module_states(options)
+            kwargs["sync_module_states"] = self._sync_module_states()
             kwargs["use_orig_params"] = True if options.use_orig_params is None else options.use_orig_params
         else:
             kwargs["reshard_after_forward"] = True if options.reshard_after_forward is None else options.reshard_after_forward
         return kwargs
 
-    def launch_env(self, machine: Machine, scratch: Any) -> dict[str, str]:
-        """``accelerate launch``'s FSDP variables for the options (Accelerate's
-        ``prepare_multi_gpu_env``). No variable carries ``mixed_precision_policy``, a wrap policy
-        a plugin registered, or the mesh (``dp_replicate``, ``dp_shard``, ``tp``, ``cp``): each is
-        refused by name, with what to do in the program instead."""
-        options = self.options
-        for name in ("dp_replicate", "dp_shard", "tp", "cp"):
-            if getattr(options, name) is not None:
-                raise UserError(
-                    f"strategy.{name} (the device mesh) has no `accelerate launch` variable that acc-train exports, "
-                    "and a program launched unchanged builds its own mesh",
-                    where=f"strategy.{name}",
-                    hint="pass accelerate's ParallelismConfig to Accelerator(parallelism_config=...) in your program, "
-                    "or train through a job config (acc-train --config JOB.yaml), where the mesh options apply",
-                )
-        if options.mixed_precision_policy is not None:
-            raise UserError(
-                "strategy.mixed_precision_policy has no `accelerate launch` variable",
-                where="strategy.mixed_precision_policy",
-                hint="drop it (--mixed-precision sets FSDP's casts), or pass FullyShardedDataParallelPlugin("
-                "mixed_precision_policy=...) to Accelerator(fsdp_plugin=...) in your program",
-            )
-        from acc_train.api import wrap_policies
-
-        policy = wrap_policies().get(options.auto_wrap_policy).name
-        if policy not in ("transformer", "size", "none"):
-            raise UserError(
-                f"wrap policy {policy!r} is a plugin's, which no `accelerate launch` variable can name",
-                where="strategy.auto_wrap_policy",
-                hint="use transformer, size or none with acc-train launch, or pass the policy to "
-                "FullyShardedDataParallelPlugin(auto_wrap_policy=...) in your program",
-            )
-        kwargs = self._plugin_kwargs(machine.device_type == "cpu", None)
-
-        def flag(value: Any) -> str:
-            return str(bool(value)).lower()
-
-        env = {
-            "ACCELERATE_USE_FSDP": "true",
-            "FSDP_VERSION": str(kwargs["fsdp_version"]),
-            "FSDP_OFFLOAD_PARAMS": flag(kwargs["cpu_offload"]),
-            "FSDP_ACTIVATION_CHECKPOINTING": flag(kwargs["activation_checkpointing"]),
-            "FSDP_STATE_DICT_TYPE": kwargs["state_dict_type"],
-            "FSDP_CPU_RAM_EFFICIENT_LOADING": flag(kwargs["cpu_ram_efficient_loading"]),
-        }
-        if options.version == 1:
-            env["FSDP_SHARDING_STRATEGY"] = kwargs["sharding_strategy"]
-            env["FSDP_BACKWARD_PREFETCH"] = kwargs["backward_prefetch"] or "NO_PREFETCH"
-            env["FSDP_FORWARD_PREFETCH"] = flag(kwargs["forward_prefetch"])
-            env["FSDP_SYNC_MODULE_STATES"] = flag(kwargs["sync_module_states"])
-            env["FSDP_USE_ORIG_PARAMS"] = flag(kwargs["use_orig_params"])
-        else:
-            env["FSDP_RESHARD_AFTER_FORWARD"] = flag(kwargs["reshard_after_forward"])
-        if policy == "transformer":
-            env["FSDP_AUTO_WRAP_POLICY"] = "TRANSFORMER_BASED_WRAP"  # no classes: the model's _no_split_modules
-            if options.transformer_layer_cls_to_wrap:
-                env["FSDP_TRANSFORMER_CLS_TO_WRAP"] = ",".join(options.transformer_layer_cls_to_wrap)
-        elif policy == "size":
-            env["FSDP_AUTO_WRAP_POLICY"] = "SIZE_BASED_WRAP"
-            env["FSDP_MIN_NUM_PARAMS"] = str(options.min_num_params or DEFAULT_MIN_NUM_PARAMS)
-        else:
-            env["FSDP_AUTO_WRAP_POLICY"] = "NO_WRAP"
-        return env
-
-    @staticmethod
-    def _sync_module_states(options: FSDPOptions) -> bool:
+    def _sync_module_states(self) -> bool:
         """FSDP1's rank-0 broadcast at wrap time needs an accelerator to initialise on."""
-        from acc_train.api import current_machine
-
-        if current_machine().device_type != "cpu":
+        options = self.options
+        if self.machine.device_type != "cpu":
             return True if options.sync_module_states is None else options.sync_module_states
         if options.sync_module_states:
             warn_once_per_machine(
@@ -383,41 +233,19 @@ class FSDPStrategy(Strategy[FSDPOptions]):
             )
         return False
 
-    def before_program(self, machine: Machine) -> None:
-        """A program that builds its own ``FullyShardedDataParallelPlugin`` for the other FSDP
-        version than the one launched is refused as the plugin is built (Accelerate would raise
-        a ValueError from inside it, or, given ``fsdp_version`` itself, run the other version):
-        the program's plugin is followed otherwise, so a silent switch of version is the only
-        alternative, and the launch asked for this one."""
-        from accelerate.utils import dataclasses as accelerate_dataclasses
-
-        from acc_train_fsdp.program_plugin import refuse_other_version
-
-        plugin_class = accelerate_dataclasses.FullyShardedDataParallelPlugin
-        original = plugin_class.__post_init__
-        launched = self.options.version
-        name = self.name if launched == 2 else "fsdp1"
-
-        @functools.wraps(original)
-        def __post_init__(plugin: Any) -> None:
-            refuse_other_version(plugin, launched, name)
-            original(plugin)
-
-        plugin_class.__post_init__ = __post_init__
-
     def after_accelerator(self, accelerator: Any) -> None:
         """On CPU, switch Accelerate to FSDP with the strategy's plugin (or, in a program
         launched unchanged, the one Accelerate built from the launch variables or the program
         passed), unless an earlier Accelerator of the process already did."""
-        if accelerator.acc_machine.device_type != "cpu":
+        if self.machine.device_type != "cpu":
             return
         from acc_train.api import already_running, run_sharded_on_cpu
 
         if already_running(accelerator, "FSDP", "fsdp_plugin"):
             return
-        if self._pure_tp(accelerator.num_processes):
+        if self._pure_tp:
             # stays MULTI_CPU, with the mesh Accelerate builds on GPUs (its validation names GPU types
-            # only; mesh_sizes checked the sizes): Accelerate wraps no DDP around a tensor-parallel model
+            # only; the mesh checked its sizes): Accelerate wraps no DDP around a tensor-parallel model
             mesh = self._parallelism_config()
             accelerator.state.parallelism_config = mesh
             accelerator.state.device_mesh = mesh.get_device_mesh("cpu")
@@ -440,52 +268,26 @@ class FSDPStrategy(Strategy[FSDPOptions]):
         run_sharded_on_cpu(accelerator, "FSDP", fsdp_plugin=plugin, parallelism_config=mesh, device_mesh=mesh.get_device_mesh("cpu"))
         mesh._validate_accelerator(accelerator)
 
-    def expected_distributed_types(self, machine: Machine) -> set[str]:
-        if self._pure_tp(machine.world_size):  # tensor parallelism alone is Accelerate's plain multi-process type
-            return super().expected_distributed_types(machine)
+    def expected_distributed_types(self) -> set[str]:
+        if self._pure_tp:  # tensor parallelism alone is Accelerate's plain multi-process type
+            return super().expected_distributed_types()
         return {"FSDP"}
 
     def before_prepare(self, accelerator: Any, model: Any) -> None:
-        """Resolve the registered wrap policy against the model, in Accelerate's terms, and
-        activation checkpointing (:meth:`_checkpoint_activations`)."""
-        from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy, size_based_auto_wrap_policy, transformer_auto_wrap_policy
-
-        from acc_train.api import wrap_policies
-        from acc_train_fsdp.policies import layer_class_names
+        """Resolve the registered wrap policy against the model, in Accelerate's terms
+        (:func:`acc_train_fsdp.policies.apply_wrap_policy`), and activation checkpointing
+        (:meth:`_checkpoint_activations`)."""
+        from acc_train_fsdp.policies import apply_wrap_policy
 
         if getattr(accelerator, "acc_launched", False):  # the launch variables' (or the program's) plugin decides
             return
-        options = self.options
-        if options.tp not in (None, 1):
+        if self.options.tp not in (None, 1):
             self._tensor_parallel(accelerator, model)
-            if self._pure_tp(accelerator.num_processes):  # tensor parallelism alone
+            if self._pure_tp:  # tensor parallelism alone
                 return
         plugin = accelerator.state.fsdp_plugin
         self._checkpoint_activations(plugin, model)
-        policy = wrap_policies().get(options.auto_wrap_policy)
-        if policy.name == "transformer":
-            plugin.transformer_cls_names_to_wrap = layer_class_names(model, options.transformer_layer_cls_to_wrap)
-            plugin.auto_wrap_policy = transformer_auto_wrap_policy
-        elif policy.name == "size":
-            plugin.min_num_params = options.min_num_params or DEFAULT_MIN_NUM_PARAMS
-            plugin.auto_wrap_policy = size_based_auto_wrap_policy
-        elif policy.name == "none":
-            plugin.auto_wrap_policy = None
-        else:  # a plugin's policy: a predicate over modules
-            predicate = policy.build(model, options.model_dump())
-            if options.version == 1:
-                plugin.auto_wrap_policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=predicate)
-            else:  # Accelerate's FSDP2 path wraps by layer class: the predicate must select whole classes
-                modules = [m for m in model.modules() if m is not model]
-                chosen = {type(m) for m in modules if predicate(m)}
-                if any(type(m) in chosen and not predicate(m) for m in modules):
-                    raise UserError(
-                        f"wrap policy {policy.name!r} selects some modules of a class but not others; FSDP2 here wraps by layer class",
-                        where="strategy.auto_wrap_policy",
-                        hint="use it with version: 1, or make it select whole classes",
-                    )
-                plugin.transformer_cls_names_to_wrap = sorted(c.__name__ for c in chosen)
-                plugin.auto_wrap_policy = transformer_auto_wrap_policy if chosen else None
+        apply_wrap_policy(plugin, model, self.options)
 
     @staticmethod
     def _tensor_parallel(accelerator: Any, model: Any) -> None:
@@ -524,7 +326,7 @@ class FSDPStrategy(Strategy[FSDPOptions]):
 
         from acc_train_fsdp.checkpoint import gather_full
 
-        if accelerator.acc_machine.device_type != "cpu":
+        if self.machine.device_type != "cpu":
             return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return gather_full(get_model_state_dict(model), keep=accelerator.is_main_process)
 
@@ -562,117 +364,4 @@ class FSDPStrategy(Strategy[FSDPOptions]):
 
         modules = [m for model in getattr(accelerator, "_models", []) for m in model.modules()]  # Accelerate keeps no public list
         version = 1 if any(isinstance(m, FullyShardedDataParallel) for m in modules) else 2 if any(isinstance(m, FSDPModule) for m in modules) else None
-        return {"fsdp_version": version, "mesh": self._mesh_summary(accelerator)}
-
-    @staticmethod
-    def _mesh_summary(accelerator: Any) -> dict[str, Any] | None:
-        """The device mesh the model was sharded over: its dimensions, and each rank's
-        coordinates in it (rank -> {dimension: index}), from the live mesh."""
-        mesh = getattr(accelerator, "torch_device_mesh", None)
-        if mesh is None or not mesh.mesh_dim_names:
-            return None
-        names = [n for n in mesh.mesh_dim_names]
-        grid = mesh.mesh.tolist()
-        coordinates: dict[str, dict[str, int]] = {}
-
-        def walk(node: Any, index: list[int]) -> None:
-            if isinstance(node, list):
-                for i, child in enumerate(node):
-                    walk(child, [*index, i])
-            else:
-                coordinates[str(node)] = dict(zip(names, index))
-
-        walk(grid, [])
-        return {"shape": dict(zip(names, mesh.mesh.shape)), "coordinates": coordinates}
-
-    def memory_tracker(self, model: Any, optimizer: Any) -> Any | None:
-        """``FSDPMemTracker`` for a model ``fully_shard`` prepared (FSDP2); the default otherwise."""
-        from torch.distributed.fsdp import FSDPModule
-
-        if not isinstance(model, FSDPModule):
-            return None
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-        return FSDPMemTracker(model, getattr(optimizer, "optimizer", optimizer))  # the torch optimizer inside Accelerate's wrapper
-
-    def parameter_shards(self, machine: Machine) -> int:
-        """The world size; the processes per machine under hybrid sharding; ``dp_shard`` x ``cp``
-        x ``tp`` on a mesh (FSDP shards over dp_shard x cp); 1 under no_shard."""
-        mesh = self.mesh_sizes(machine.world_size)
-        if mesh is not None:
-            return mesh["dp_shard"] * mesh.get("cp", 1) * mesh.get("tp", 1)
-        how = self._sharding()
-        if how == "no_shard":
-            return 1
-        if how.startswith("hybrid_shard"):
-            return max(1, machine.world_size // max(1, machine.num_machines))
-        return machine.world_size
-
-    def _sharding(self) -> str:
-        """FSDP1's sharding strategy, or what FSDP2's ``reshard_after_forward`` amounts to."""
-        options = self.options
-        if options.version == 1:
-            return options.sharding_strategy or "full_shard"
-        return "full_shard" if options.reshard_after_forward in (None, True) else "shard_grad_op"
-
-    def plan_variants(self) -> dict[str, dict[str, Any]]:
-        """The presets, and FSDP1's shard_grad_op (ZeRO-2-like), which has no preset."""
-        return {**super().plan_variants(), "fsdp1-shard_grad_op": {"version": 1, "sharding_strategy": "shard_grad_op"}}
-
-    def plan_memory(self, plan: PlanInput) -> MemoryPlan:
-        """Parameters, gradients and Adam's moments, all fp32 (under bf16 FSDP casts the
-        gathered copy only), sharded 1/N; shard_grad_op keeps the gathered parameters from
-        forward to backward. Measured in fp32: 16psi/N (BENCHMARKS.md). Under ``model.dtype:
-        bf16`` the shards, gradients and moments are 2 bytes (measured: 8psi/N)."""
-        from acc_train.api import MemoryPlan, replicated
-
-        options = self.options
-        psi, n, b, o = plan.parameters, plan.world_size, plan.param_bytes, plan.optimizer_bytes
-        how = self._sharding()
-        if how == "no_shard":
-            return replicated(plan, note="no_shard: a replica on every rank, as DDP")
-        if how.startswith("hybrid_shard"):  # sharded within a machine, replicated across machines
-            n = plan.local_world_size or n
-            how = "shard_grad_op" if how == "hybrid_shard_zero2" else "full_shard"
-        mesh = self.mesh_sizes(n) if (options.dp_replicate or options.dp_shard or options.tp or options.cp) else None
-        if mesh is not None:  # HSDP: each replica shards over dp_shard (x cp) processes; tp cuts each shard again
-            n = mesh["dp_shard"] * mesh.get("cp", 1) * mesh.get("tp", 1)
-        offload = {"params": "cpu", "grads": "cpu", "optimizer": "cpu"} if options.cpu_offload else {}
-        notes = ["N = processes per machine (hybrid sharding)"] if n != plan.world_size and mesh is None else []
-        if mesh is not None:
-            cp = f" x cp={mesh['cp']}" if "cp" in mesh else ""
-            tp = f" x tp={mesh['tp']}" if "tp" in mesh else ""
-            factors = "dp_shard" + (" x cp" if cp else "") + (" x tp" if tp else "")
-            whole = " (norm weights whole on each tp rank)" if tp else ""
-            notes.append(f"mesh dp_replicate={mesh['dp_replicate']} x dp_shard={mesh['dp_shard']}{cp}{tp}: N = {factors}{whole}")
-            if cp:
-                notes.append("activations: each rank runs 1/cp of every row (s = seq_len / cp)")
-        gathered = 2 if plan.low_precision or plan.low_precision_weights else 4
-        if how == "shard_grad_op":
-            params = b * psi // n + gathered * psi
-            formula = f"({b}psi/N + {gathered}psi) + {b}psi/N + {o:g}psi/N = {gathered}psi + {2 * b + o:g}psi/N"
-            notes.append(f"parameters: the {b}psi/N shard plus the gathered {gathered}psi kept from forward to backward")
-        else:
-            params = b * psi // n
-            formula = f"{b}psi/N + {b}psi/N + {o:g}psi/N = {2 * b + o:g}psi/N"
-            if not plan.largest_layer:  # the buffers below say it in bytes where the block is known
-                notes.append("+ one wrapped unit's parameters, gathered while it computes")
-        if plan.low_precision_weights:
-            notes.append(f"model.dtype {plan.dtype}: shards, gradients and moments are {plan.dtype}, no fp32 master copy")
-        if options.cpu_offload:
-            notes.append("offload: parameters, gradients and optimizer steps in CPU memory")
-        split = {"sequence_split": mesh.get("cp", 1), "tensor_split": mesh.get("tp", 1)} if mesh is not None else {}
-        # the block that computes, gathered in the compute dtype, its all-gather buffer and the
-        # reduce-scatter buffer of its gradients: FSDPMemTracker's Unsharded Param, All Gather and
-        # Reduce Scatter at the peak of a simulated 7B step (plan --simulate, BENCHMARKS.md);
-        # shard_grad_op keeps the gathered parameters in `params` already
-        tp = mesh.get("tp", 1) if mesh is not None else 1
-        units = 2 if how == "shard_grad_op" else 3
-        buffers = units * gathered * plan.largest_layer // tp
-        if buffers:
-            what = "its all-gather buffer and" if how == "shard_grad_op" else "the block gathered, its all-gather buffer and"
-            notes.append(f"buffers: for the largest block ({plan.largest_layer:,} elements, {gathered} bytes each), {what} the reduce-scatter buffer of its gradients")
-        return MemoryPlan(
-            params, b * psi // n, int(o * psi) // n, formula, offload=offload, note="; ".join(notes), recompute=options.activation_checkpointing,
-            buffers=buffers, **split,
-        )
+        return {"fsdp_version": version, "mesh": live_mesh_summary(accelerator)}

@@ -77,7 +77,7 @@ def check_optimizer(job: JobView, machine: MachineView) -> OptimizerKind:
     kind.check(cfg, machine)
     strategy = job.strategy
     label = f"strategy {job.config.strategy['name']!r}"
-    if not kind.elementwise_state and strategy.parameter_shards(machine) > 1:
+    if not kind.elementwise_state and strategy.planner().parameter_shards(machine) > 1:
         raise UserError(
             f"optimizer {kind.name!r} keeps state not shaped like its parameters (factored or quantized), which "
             f"cannot be sharded with them: {label} shards the parameters across the {machine.world_size} ranks",

@@ -39,9 +39,10 @@ def _refuse_contradicting_plugins(strategy: Any, expected: set[str], kwargs: dic
     from acc_train.plugins import strategies
 
     for other, _ in strategies().primary():
-        if set(other.accelerate_distributed_types) & expected:
+        protocol = other.launch_protocol()
+        if set(other.accelerate_distributed_types) & expected or protocol is None:
             continue
-        for key in other.accelerator_arguments:
+        for key in protocol.accelerator_arguments:
             if kwargs.get(key) is not None:
                 raise UserError(
                     f'the program builds Accelerator({key}=...), which asks Accelerate for strategy "{other.name}", but '
@@ -51,9 +52,10 @@ def _refuse_contradicting_plugins(strategy: Any, expected: set[str], kwargs: dic
                 )
 
 
-def adopt_accelerate(strategy: Any, machine: Any) -> LaunchedProgram:
-    """Make every ``accelerate.Accelerator`` a program builds run ``strategy``, for a program that
-    ``acc-train launch`` runs unchanged (installed before it starts).
+def adopt_accelerate(strategy: Any) -> LaunchedProgram:
+    """Make every ``accelerate.Accelerator`` a program builds run ``strategy`` (bound to this
+    process's machine), for a program that ``acc-train launch`` runs unchanged (installed before
+    it starts).
 
     Accelerate builds its state and plugins from the launch variables as always; then the
     strategy's ``after_accelerator`` applies what no variable carries and, on CPU, switches the
@@ -69,10 +71,13 @@ def adopt_accelerate(strategy: Any, machine: Any) -> LaunchedProgram:
     from acc_train.accelerate_compat import undo_switch_after_reset
     from acc_train.errors import UserError
 
+    from acc_train.launch.protocol import launch_protocol_of
+
     program = LaunchedProgram()
+    machine = strategy.machine
     cls = accelerate.Accelerator
     original_init, original_prepare, original_prepare_model = cls.__init__, cls.prepare, cls.prepare_model
-    expected = strategy.expected_distributed_types(machine)
+    expected = strategy.expected_distributed_types()
 
     @functools.wraps(original_init)  # (libraries read Accelerator.__init__'s signature to see what it takes)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -125,7 +130,7 @@ def adopt_accelerate(strategy: Any, machine: Any) -> LaunchedProgram:
         return original_init_group(*args, **kwargs)
 
     torch.distributed.init_process_group = init_process_group
-    strategy.before_program(machine)
+    launch_protocol_of(strategy).before_program()
 
     if not is_plain(expected):
         ddp = torch.nn.parallel.DistributedDataParallel

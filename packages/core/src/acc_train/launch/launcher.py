@@ -18,8 +18,9 @@ from typing import Any
 
 from acc_train.config import LaunchConfig as LaunchSection
 from acc_train.errors import EXIT_USER_ERROR, is_connection_lost, is_lost_peer
+from acc_train.strategy import Machine
 
-__all__ = ["launch", "LaunchFailed", "LaunchStopped", "default_num_processes", "worker_command"]
+__all__ = ["launch", "LaunchFailed", "LaunchStopped", "default_num_processes", "launch_machine", "worker_command"]
 
 
 @dataclass
@@ -47,6 +48,16 @@ def default_num_processes() -> int:
     import torch
 
     return torch.cuda.device_count() or 1
+
+
+def launch_machine(section: LaunchSection) -> Machine:
+    """The machines the resolved launch section describes: this machine's device type,
+    ``num_processes`` (or one per GPU) on each of ``num_machines``. Built once before launch and
+    bound to the strategy (:meth:`acc_train.Strategy.bind`) for its checks."""
+    from acc_train.machine import current_machine
+
+    nproc = section.num_processes or default_num_processes()
+    return Machine(current_machine().device_type, nproc * section.num_machines, section.num_machines)
 
 
 #: torch elastic's wait between passing a signal on and killing the workers, where its
@@ -133,7 +144,8 @@ def launch(section: LaunchSection, args: list[str], env: dict[str, str]) -> None
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    nproc = section.num_processes or default_num_processes()
+    machine = launch_machine(section)
+    nproc = machine.world_size // machine.num_machines
     os.environ.update(env)
     if section.max_restarts:
         # Workers restarted by the agent would rendezvous through the agent's TCPStore, where

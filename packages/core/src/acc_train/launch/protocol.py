@@ -5,7 +5,7 @@ Accelerate's launcher turns its flags and config file into environment variables
 ``Accelerator`` (the program's own, or the one inside HF Trainer or TRL) builds its state and
 plugins from them; ``TrainingArguments`` reads them too. ``acc-train launch`` exports the same
 variables from the resolved job: those every launch sets (mixed precision, the CPU switch)
-here, each strategy's own through :meth:`acc_train.Strategy.launch_env`, and the dynamo ones
+here, each strategy's own through :meth:`acc_train.api.LaunchProtocol.launch_env`, and the dynamo ones
 from ``training.compile`` (:func:`acc_train.config.compile.dynamo_env`). The same variables
 left in the user's shell give way, with one warning naming them.
 
@@ -23,22 +23,38 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CORE_VARIABLES", "protocol_env", "protocol_variables", "shell_leftovers", "leftovers_warning"]
+__all__ = ["CORE_VARIABLES", "launch_protocol_of", "protocol_env", "protocol_variables", "shell_leftovers", "leftovers_warning"]
 
-#: The variables every launch speaks for; each strategy adds its own (``Strategy.launch_variables``).
+#: The variables every launch speaks for; each strategy adds its own (``LaunchProtocol.launch_variables``).
 #: The dynamo variables are ``training.compile``'s, handled with their own warning.
 CORE_VARIABLES = ("ACCELERATE_USE_CPU", "ACCELERATE_MIXED_PRECISION")
 
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
-def protocol_env(strategy: Any, machine: Any, mixed_precision: str, scratch: Path) -> dict[str, str]:
-    """The variables for a launch of ``strategy`` on ``machine`` (its device type and world
-    size), with ``mixed_precision`` already resolved (``no``, ``bf16``, ``fp16``)."""
+def launch_protocol_of(strategy: Any) -> Any:
+    """The strategy's launch protocol; a strategy that has none (``launch_protocol()`` is None)
+    is refused by name: a program launched unchanged would not run it."""
+    protocol = strategy.launch_protocol()
+    if protocol is None:
+        from acc_train.errors import UserError
+
+        raise UserError(
+            f'strategy "{strategy.name}" declares no `acc-train launch` mapping (Strategy.launch_protocol), so a program '
+            "launched unchanged would not run it",
+            where="--strategy",
+            hint="train through a job config (acc-train --config ...), or ask the plugin's authors for a launch_protocol",
+        )
+    return protocol
+
+
+def protocol_env(strategy: Any, mixed_precision: str, scratch: Path) -> dict[str, str]:
+    """The variables for a launch of ``strategy`` on the machine it is bound to (its device type
+    and world size), with ``mixed_precision`` already resolved (``no``, ``bf16``, ``fp16``)."""
     env = {"ACCELERATE_MIXED_PRECISION": mixed_precision}
-    if machine.device_type == "cpu":  # what `accelerate launch --cpu` sets; Accelerate picks MULTI_CPU from it
+    if strategy.machine.device_type == "cpu":  # what `accelerate launch --cpu` sets; Accelerate picks MULTI_CPU from it
         env["ACCELERATE_USE_CPU"] = "true"
-    env.update(strategy.launch_env(machine, scratch))
+    env.update(launch_protocol_of(strategy).launch_env(scratch))
     return env
 
 
@@ -46,7 +62,8 @@ def protocol_variables() -> tuple[str, ...]:
     """Every launch variable acc-train speaks for: core's and each installed strategy's."""
     from acc_train.plugins import strategies
 
-    return CORE_VARIABLES + tuple(v for strategy, _ in strategies().primary() for v in strategy.launch_variables)
+    protocols = [strategy.launch_protocol() for strategy, _ in strategies().primary()]
+    return CORE_VARIABLES + tuple(v for protocol in protocols if protocol is not None for v in protocol.launch_variables)
 
 
 def _matches(name: str, variables: tuple[str, ...]) -> bool:

@@ -77,6 +77,7 @@ def make_accelerator(job: ResolvedJob) -> Accelerator:
 
     from acc_train.accelerate_compat import probe_libraries_once, skip_unused_library_imports
     from acc_train.accelerator import Accelerator
+    from acc_train.machine import bound_here
     from acc_train.run import accelerate_log_with
     from acc_train.loop.torch_compile import dynamo_plugin
 
@@ -84,6 +85,7 @@ def make_accelerator(job: ResolvedJob) -> Accelerator:
     probe_libraries_once()
     t_cfg = job.config.training
     out = Path(job.config.output_dir)
+    job.strategy = bound_here(job.strategy)  # the run reads the same strategy the Accelerator does
     accelerator = Accelerator(
         strategy=job.strategy,
         job=job,
@@ -205,7 +207,7 @@ def build_model(job: ResolvedJob, data: TrainData) -> BuiltModel:
     if cfg.model.dtype in ("bf16", "fp16"):
         from acc_train.machine import warn_once_per_machine
 
-        warn_once_per_machine(job.strategy.low_precision_warning(cfg.model.dtype))
+        warn_once_per_machine(job.strategy.planner().low_precision_warning(cfg.model.dtype))
     check_attn_implementation(cfg.model, current_machine().device_type)
     model = build(cfg)
     if data.stream is not None:  # streamed: checked as the tokens come

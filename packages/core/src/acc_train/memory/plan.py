@@ -1,6 +1,6 @@
 """Per-rank memory of a job under each strategy, stated before anything is allocated.
 
-``acc-train plan`` asks every installed strategy (:meth:`acc_train.Strategy.plan_memory`) what
+``acc-train plan`` asks every installed strategy (:meth:`acc_train.api.StrategyPlanner.plan_memory`) what
 one rank holds of the model state (parameters, gradients, optimizer state) for a model of
 ``psi`` parameters on ``N`` ranks, and adds an estimate of the activations. The model is
 counted on the meta device, so planning a 70B model needs no memory for it. The figures are

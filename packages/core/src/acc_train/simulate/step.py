@@ -148,15 +148,15 @@ def torch_optimizer(optimizer: Any) -> Any:
 
 
 def _tracker(strategy: Any, model: Any, optimizer: Any) -> tuple[Any, str]:
-    """The strategy's own tracker (``Strategy.memory_tracker``), or torch's ``MemTracker``."""
-    own = strategy.memory_tracker(model, optimizer)
+    """The strategy's own tracker (its planner's ``memory_tracker``), or torch's ``MemTracker``."""
+    own = strategy.planner().memory_tracker(model, optimizer)
     if own is not None:
         return own, type(own).__name__
     inner = torch_optimizer(optimizer)
     if inner is None or inner is not getattr(optimizer, "optimizer", optimizer):  # state beside the torch optimizer
         raise NotImplementedError(
             f"torch's MemTracker takes a torch optimizer, and {type(getattr(optimizer, 'optimizer', optimizer)).__name__} keeps "
-            "state of its own beside it; the strategy names no tracker that counts it (Strategy.memory_tracker)"
+            "state of its own beside it; the strategy names no tracker that counts it (StrategyPlanner.memory_tracker)"
         )
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -205,9 +205,11 @@ def measure_step(job: ResolvedJob) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     from acc_train.accelerator import Accelerator
+    from acc_train.machine import bound_here
     from acc_train.simulate.collectives import CollectiveCounter
 
     t_cfg = job.config.training
+    job.strategy = bound_here(job.strategy)  # the fake world's machine
     accelerator = Accelerator(strategy=job.strategy, job=job, mixed_precision=t_cfg.mixed_precision)
     model = _build_model(job)
     optimizer = _optimizer(model, job)

@@ -87,7 +87,7 @@ def build_tiny_assets(root: Path) -> KitAssets:
     return KitAssets(model_dir, files["train"], files["eval"])
 
 
-#: what ``Strategy.equivalent_to_ddp`` promises to match: the kit compares losses with its runs
+#: what ``StrategyPlanner.equivalent_to_ddp`` promises to match: the kit compares losses with its runs
 REFERENCE_STRATEGY = "ddp"
 
 
@@ -97,7 +97,7 @@ def kit_group(strategy_name: str) -> str:
     from acc_train.config import resolve_strategy
 
     try:
-        equivalent = strategy_name == REFERENCE_STRATEGY or resolve_strategy(strategy_name).equivalent_to_ddp()
+        equivalent = strategy_name == REFERENCE_STRATEGY or resolve_strategy(strategy_name).planner().equivalent_to_ddp()
     except Exception:  # an unknown or broken strategy: its own tests report why
         equivalent = False
     return "acc-train-kit-ddp-equivalent" if equivalent else f"acc-train-kit-{strategy_name}"

@@ -196,7 +196,7 @@ class TestStrategyConformance:
         name = acc_train_strategy_name
         strategy = _strategy(name)
         ran = json.loads((acc_train_kit.full(name) / "run.json").read_text())["distributed_type"].removeprefix("DistributedType.")
-        expected = strategy.expected_distributed_types(Machine("cpu", 2))
+        expected = strategy.bind(Machine("cpu", 2)).expected_distributed_types()
         assert ran in expected, f'"{name}" ran as {ran}, but the strategy expects {sorted(expected)} on 2 CPU processes'
         declared = tuple(strategy.accelerate_distributed_types)
         assert not declared or ran in declared, (
@@ -208,11 +208,11 @@ class TestStrategyConformance:
     @pytest.mark.launch
     def test_each_rank_holds_the_parameter_share_it_claims(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
         """run.json's per-rank parameter elements, counted on the prepared model, against
-        ``Strategy.parameter_shards``: a replica holds every element, a shard about total/shards."""
+        ``StrategyPlanner.parameter_shards``: a replica holds every element, a shard about total/shards."""
         from acc_train import Machine
 
         name = acc_train_strategy_name
-        shards = _strategy(name).parameter_shards(Machine("cpu", 2))
+        shards = _strategy(name).planner().parameter_shards(Machine("cpu", 2))
         summary = json.loads((acc_train_kit.full(name) / "run.json").read_text())
         total = summary["model_parameters"]
         held = {r["rank"]: r["param_elements"] for r in summary["per_rank"]}
@@ -220,14 +220,14 @@ class TestStrategyConformance:
         if shards == 1:
             wrong = {rank: n for rank, n in held.items() if n != total}
             assert not wrong, (
-                f'"{name}" claims every rank holds the whole model (Strategy.parameter_shards is 1), but of its '
+                f'"{name}" claims every rank holds the whole model (StrategyPlanner.parameter_shards is 1), but of its '
                 f"{total} parameter elements, rank: elements held = {wrong}: it shards what it says it replicates"
             )
         else:
             share = total / shards
             wrong = {rank: n for rank, n in held.items() if abs(n - share) > 0.1 * share}
             assert not wrong, (
-                f'"{name}" claims its parameters are split into {shards} shards (Strategy.parameter_shards), so each rank '
+                f'"{name}" claims its parameters are split into {shards} shards (StrategyPlanner.parameter_shards), so each rank '
                 f"should hold about {share:.0f} of the {total} parameter elements, but rank: elements held = {wrong}"
                 + (": it replicates the model instead of sharding it" if all(n >= total for n in wrong.values()) else "")
             )
@@ -275,8 +275,8 @@ class TestStrategyConformance:
         from acc_train import plugins
 
         name = acc_train_strategy_name
-        if not _strategy(name).equivalent_to_ddp():
-            pytest.skip(f'"{name}" does not declare itself equivalent to DDP (Strategy.equivalent_to_ddp)')
+        if not _strategy(name).planner().equivalent_to_ddp():
+            pytest.skip(f'"{name}" does not declare itself equivalent to DDP (StrategyPlanner.equivalent_to_ddp)')
         if REFERENCE_STRATEGY not in plugins.strategies().names():
             pytest.skip("comparing with DDP needs the ddp strategy: pip install acc-train-strategy-ddp")
         ours, ddp = _metrics(acc_train_kit.full(name)), _metrics(acc_train_kit.full(REFERENCE_STRATEGY))
@@ -289,19 +289,19 @@ class TestStrategyConformance:
     @pytest.mark.launch
     def test_ranks_hold_the_same_parameters(self, acc_train_strategy_name: str, acc_train_kit: KitRuns) -> None:
         """After the run's steps, every rank holds the same model: a strategy claiming replicas
-        (``Strategy.parameter_shards`` 1) holds equal parameters on every rank; one claiming
+        (``StrategyPlanner.parameter_shards`` 1) holds equal parameters on every rank; one claiming
         shards holds either the same gathered view on every rank or parts that add up to the
         exported model. Compared by run.json's per-rank ``param_checksum`` (float64 sums)."""
         from acc_train import Machine
 
         name = acc_train_strategy_name
-        shards = _strategy(name).parameter_shards(Machine("cpu", 2))
+        shards = _strategy(name).planner().parameter_shards(Machine("cpu", 2))
         run = acc_train_kit.full(name)
         sums = {r["rank"]: r["param_checksum"] for r in json.loads((run / "run.json").read_text())["per_rank"]}
         agree = all(v == pytest.approx(sums[0], rel=1e-7, abs=1e-9) for v in sums.values())
         if shards == 1:
             assert agree, (
-                f'"{name}" claims every rank holds the whole model (Strategy.parameter_shards is 1), but after {KIT_STEPS} '
+                f'"{name}" claims every rank holds the whole model (StrategyPlanner.parameter_shards is 1), but after {KIT_STEPS} '
                 f"steps the ranks' parameters diverge (rank: sum of parameters = {sums}): the ranks do not stay in sync "
                 "(are gradients all-reduced, or parameters averaged, by the last step?)"
             )
