@@ -33,16 +33,20 @@ def test_refused_before_launch(sets: list[str], where: str, says: str, tiny_mode
 def test_groups_of_several_processes_are_refused() -> None:
     from acc_train import Machine, UserError
 
-    strategy = resolve_strategy("ft-ddp", {"num_groups": 2, "lighthouse": "h:1"})
+    strategy = resolve_strategy("ft-ddp", {"num_groups": 2, "lighthouse": "h:1"}).bind(Machine("cpu", 2))
     with pytest.raises(UserError, match="one process each"):
-        strategy.check_environment(Machine("cpu", 2))
+        strategy.check_environment()
 
 
 def test_the_lighthouse_comes_from_the_option_or_torchft_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "head:29510")
     assert resolve_strategy("ft-ddp").lighthouse_address() == "http://head:29510"
     assert resolve_strategy("ft-ddp", {"lighthouse": "other:1"}).lighthouse_address() == "http://other:1"
-    assert resolve_strategy("ft-ddp", {"replica_group": 1, "num_groups": 3}).data_part() == (1, 3)
+    from acc_train.api import ReplicaGroups
+
+    groups = resolve_strategy("ft-ddp", {"replica_group": 1, "num_groups": 3}).replica_groups
+    assert issubclass(groups, ReplicaGroups)
+    assert groups(resolve_strategy("ft-ddp", {"replica_group": 1, "num_groups": 3})).data_part() == (1, 3)
 
 
 def test_the_plugin_adds_the_lighthouse_command() -> None:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
     from acc_train.contracts.launch import LaunchProtocol
     from acc_train.contracts.protocols import JobView, RunView
+    from acc_train.contracts.replica_groups import ReplicaGroups
     from acc_train.memory.planner import StrategyPlanner
     from acc_train.memory.state import ModelStateMeter
 
@@ -105,8 +106,9 @@ class Strategy(ABC, Generic[OptionsT]):
     accelerate_distributed_types: ClassVar[tuple[str, ...]] = ()
     #: Top-level sections of an ``accelerate config`` file that its hook maps (``fsdp_config``).
     accelerate_config_sections: ClassVar[tuple[str, ...]] = ()
+    #: Its replica groups (:mod:`acc_train.contracts.replica_groups`): separate launches training one model.
+    replica_groups: ClassVar[type[ReplicaGroups] | None] = None
 
-    rejoins_run: ClassVar[bool] = False  # a launch into a directory holding a run continues it (a replica group rejoins)
     _options: OptionsT | None = None
     _machine: Machine | None = None
 
@@ -286,17 +288,6 @@ class Strategy(ABC, Generic[OptionsT]):
         ``acc_train_train_start``, when the checkpoint holds this strategy's state for this rank
         (written by a strategy of the same name, under the same number of processes); otherwise
         the run starts the strategy's state afresh, as a new run would."""
-
-    def data_part(self) -> tuple[int, int]:
-        """(index, count): launches apart (replica groups) split each batch; this one reads part ``index``."""
-        return (0, 1)
-
-    def step_start(self, run: RunContext) -> None:
-        """Before a step's first forward; may replace the state (a heal): the loop re-reads from ``run.state``."""
-
-    def commit_step(self, run: RunContext) -> bool:
-        """Before the optimizer step; False discards it (no optimizer or scheduler step, its batches again)."""
-        return True
 
     def summary(self, accelerator: Accelerator) -> dict[str, Any]:
         """Extra keys for ``run.json`` (e.g. a ZeRO stage)."""

@@ -28,6 +28,7 @@ from acc_train.checkpoint import (
     model_fingerprint,
     verify_checkpoint,
 )
+from acc_train.contracts.replica_groups import replica_groups_of
 from acc_train.errors import UserError
 from acc_train.loop import LoopInputs, finish, run_loop, setup
 from acc_train.outputs.metrics import METRICS_FILE
@@ -73,7 +74,8 @@ def check_output_dir(job: ResolvedJob) -> Path:
         )
     out = check_creatable(cfg.output_dir, "--output-dir")
     existing = _previous_run(out)
-    if existing and not cfg.resume and not cfg.overwrite and job.strategy.rejoins_run:
+    groups = replica_groups_of(job.strategy)
+    if existing and not cfg.resume and not cfg.overwrite and groups is not None and groups.rejoins_run:
         # the same command again (a relaunched replica group): its run is taken over, from its
         # latest checkpoint or from the start, and the strategy brings it up to its peers
         if find_checkpoint(out, "auto") is not None:

@@ -5,13 +5,13 @@ How a job becomes fault tolerant through acc-train's strategy contract alone:
 - every replica group is its own ``acc-train`` launch (its own rendezvous and output directory),
   named by ``strategy.replica_group`` of ``strategy.num_groups``; a lighthouse
   (``acc-train lighthouse``) keeps the quorum of live groups by heartbeat;
-- :meth:`FTDDPStrategy.data_part` splits every global batch between the groups;
-- :meth:`FTDDPStrategy.step_start` joins the step's quorum before its first forward; a group that
+- :class:`FTGroups` (the contract's replica groups): ``data_part`` splits every global batch
+  between the groups; ``step_start`` joins the step's quorum before its first forward; a group that
   (re)joins heals there from a live peer (model, optimizer, scheduler, data position, RNG) and the
   loop reads the data from the healed position;
 - gradients are averaged across the quorum's groups at the end of each step's backward
   (:mod:`acc_train_ft.session`), before clipping;
-- :meth:`FTDDPStrategy.commit_step` asks torchft whether the step stands: a step whose all-reduce
+- ``FTGroups.commit_step`` asks torchft whether the step stands: a step whose all-reduce
   lost a peer is discarded (not counted, the scheduler left, its batches trained again).
 
 No torch, accelerate or torchft import at module level: listing strategies stays fast.
@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import Field
 
-from acc_train.api import Machine, RunContext, Strategy, StrategyOptions, UserError, hookimpl
+from acc_train.api import ReplicaGroups, RunContext, Strategy, StrategyOptions, UserError, hookimpl
 from acc_train_ft.lighthouse import DEFAULT_PORT as DEFAULT_LIGHTHOUSE_PORT
 
 __all__ = ["FTOptions", "FTDDPStrategy", "LIGHTHOUSE_ENV", "DEFAULT_LIGHTHOUSE_PORT"]
@@ -46,11 +46,28 @@ class FTOptions(StrategyOptions):
     heartbeat_interval_s: float = Field(0.1, gt=0, description="How often a group tells the lighthouse it is alive (the lighthouse's own timeout decides when it is lost).")
 
 
+class FTGroups(ReplicaGroups):
+    """The groups of ft-ddp: each reads its part of every batch, joins each step's quorum (healing
+    there when it rejoins) and commits a step only where torchft says it stands."""
+
+    def data_part(self) -> tuple[int, int]:
+        return (self.strategy.options.replica_group, self.strategy.options.num_groups)
+
+    def step_start(self, run: RunContext) -> None:
+        session = run.extras.get(EXTRAS_KEY)
+        if session is not None:
+            session.start_step()
+
+    def commit_step(self, run: RunContext) -> bool:
+        session = run.extras.get(EXTRAS_KEY)
+        return True if session is None else session.commit()
+
+
 class FTDDPStrategy(Strategy[FTOptions]):
     name = "ft-ddp"
     description = "fault-tolerant data parallel over torchft: replica groups of one process that train through a lost group"
     options_schema = FTOptions
-    rejoins_run = True  # a relaunched group is the same command again: it takes its output directory over and heals
+    replica_groups = FTGroups  # a relaunched group is the same command again: it takes its output directory over and heals
 
     def lighthouse_address(self) -> str | None:
         """The lighthouse's URL, from the option or ``$TORCHFT_LIGHTHOUSE``, or None."""
@@ -92,10 +109,10 @@ class FTDDPStrategy(Strategy[FTOptions]):
                 hint="drop data.streaming",
             )
 
-    def check_environment(self, machine: Machine) -> None:
-        if machine.world_size != 1:
+    def check_environment(self) -> None:
+        if self.machine.world_size != 1:
             raise UserError(
-                f"{self.name} runs replica groups of one process each; this launch has {machine.world_size}",
+                f"{self.name} runs replica groups of one process each; this launch has {self.machine.world_size}",
                 where="--num-processes",
                 hint="start one acc-train launch per group with --num-processes 1",
             )
@@ -114,18 +131,6 @@ class FTDDPStrategy(Strategy[FTOptions]):
         # looks for unused parameters: a relaunched group's first iteration would then pair its
         # buckets with differently ordered ones of its peers.
         return {"kwargs_handlers": [DistributedDataParallelKwargs(find_unused_parameters=True)]}
-
-    def data_part(self) -> tuple[int, int]:
-        return (self.options.replica_group, self.options.num_groups)
-
-    def step_start(self, run: RunContext) -> None:
-        session = run.extras.get(EXTRAS_KEY)
-        if session is not None:
-            session.start_step()
-
-    def commit_step(self, run: RunContext) -> bool:
-        session = run.extras.get(EXTRAS_KEY)
-        return True if session is None else session.commit()
 
     #: the run's session, for :meth:`summary` (handed the accelerator alone)
     _session: Any = None

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point, step_dir_name
+from acc_train.contracts.replica_groups import replica_groups_of
 from acc_train.errors import UserError
 from acc_train.evaluation.kinds import job_evaluators, metrics_problem
 from acc_train.loop.ledger import StepClock, StepLedger, StepReading, StepValues
@@ -126,8 +127,8 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     accelerator, model, optimizer, scheduler = run.accelerator, run.model, run.optimizer, inputs.scheduler
     cfg = run.job.config
     t_cfg = cfg.training
-    strategy = run.job.strategy
-    world = accelerator.data_parallel_size * strategy.data_part()[1]  # every launch reading a part of each batch
+    groups = replica_groups_of(run.job.strategy)  # launches apart training one model (None: this one alone)
+    world = accelerator.data_parallel_size * (groups.data_part()[1] if groups else 1)  # every launch reading a part of each batch
     gas = t_cfg.gradient_accumulation_steps
     # ranks whose losses are different parts of the step's: data-parallel ranks and the parts of
     # a context-parallel group; strategies average gradients over them
@@ -220,7 +221,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     model.train()
     clock = StepClock(accelerator.device)
     step_loss: Any = None
-    step_started = False  # Strategy.step_start was called for the step being trained
+    step_started = False  # the groups' step_start was called for the step being trained
     try:
         while state.step < run.max_steps:
             if inputs.sampler is not None:  # (a stream continues from its own position, endlessly)
@@ -229,9 +230,9 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
             for batch, step_tokens, step_real in step_windows(inputs.train_dl, t_cfg.gradient_accumulation_steps, accelerator, ledger):
                 if result.first_batch_at is None:
                     result.first_batch_at = time.time()
-                if state.batches_in_epoch % gas == 0 and not step_started:  # the step's first micro-batch
+                if groups is not None and state.batches_in_epoch % gas == 0 and not step_started:  # the step's first micro-batch
                     position, step_started = (state.epoch, state.batches_in_epoch), True
-                    strategy.step_start(run)
+                    groups.step_start(run)
                     if (state.epoch, state.batches_in_epoch) != position:  # the state was replaced (a rejoining replica healed)
                         step_loss = None
                         clock.restart()
@@ -247,7 +248,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                         grad_norm = accelerator.clip_grad_norm_(parameters, t_cfg.max_grad_norm or math.inf)
                     if accelerator.sync_gradients and meter is not None:
                         meter.at_gradient_sync()
-                    committed = not accelerator.sync_gradients or strategy.commit_step(run)
+                    committed = groups is None or not accelerator.sync_gradients or groups.commit_step(run)
                     if committed:
                         optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
