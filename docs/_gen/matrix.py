@@ -43,8 +43,6 @@ ROWS: dict[str, tuple[dict[str, Any], int]] = {
     "zero3": ({"name": "zero3"}, 4),
     "zero2-offload": ({"name": "zero2-offload"}, 4),
     "zero3-offload": ({"name": "zero3-offload"}, 4),
-    # fault tolerant: each replica group its own launch of one process (the row is one group's)
-    "ft-ddp 2 groups x 1": ({"name": "ft-ddp", "num_groups": 2, "lighthouse": "head:29510"}, 1),
 }
 
 #: column label -> (config overrides, device type). Feature columns are asked of a GPU machine
@@ -115,7 +113,6 @@ TESTED: dict[tuple[str, str], str] = {
     **{("zero1", c): f"{_DS}::test_stages_1_and_2_train_like_ddp" for c in ("fp32", "adamw")},
     # the zero2 preset trains steps 11-20 of FSDP2's fp32 run from its checkpoint, to its losses
     **{("zero2", c): "tests/checkpoints/test_portable_resume.py::test_resume_under_another_strategy_or_world_size_continues_its_run" for c in ("fp32", "adamw")},
-    **{("ft-ddp 2 groups x 1", c): "tests/strategy_ft/test_ft_ddp_failures.py::test_survivor_trains_through_the_lost_group_and_the_relaunch_heals" for c in ("CPU", "fp32", "adamw")},
     # the covering set of combined launches (tests/matrix/combinations.py): each trains its row
     # with several columns at once, and resumes exactly
     **{(c.row, column): f"{_CELLS}[{name}]" for name, c in COMBINATIONS.items() for column in c.columns},
