@@ -53,4 +53,3 @@ def test_the_plugin_adds_the_lighthouse_command() -> None:
     result = cli_in_process("lighthouse", "--help")
     assert result.returncode == 0, result.stderr
     assert "--heartbeat-timeout" in result.stdout and "--min-groups" in result.stdout
-    assert "lighthouse" in cli_in_process("--help").stdout

@@ -1,7 +1,8 @@
 """The ``acc-train`` group that adds the subcommands plugins register (``acc_train_register_commands``).
 
-Plugins are asked only when a subcommand is not a built-in one, or when ``--help`` lists them:
-``acc-train --strategy ddp ...`` loads no plugin for this.
+Plugins are asked only when a subcommand is not a built-in one: ``acc-train --help`` imports
+nothing of core (it stays fast), so it lists the built-in commands; ``acc-train NAME --help``
+shows a plugin's command.
 """
 
 from __future__ import annotations
@@ -40,6 +41,3 @@ class PluginCommandGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return super().get_command(ctx, cmd_name) or self.plugin_commands().get(cmd_name)
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *self.plugin_commands()})
