@@ -188,7 +188,7 @@ def test_malformed_set() -> None:
 
 def test_strategy_not_installed_names_the_package() -> None:
     # as if only core and DDP were installed: the message must name what to install
-    proc = cli_in_process("--strategy", "fsdp", env={"ACC_TRAIN_BLOCK_PLUGINS": "fsdp,deepspeed,local-sgd"})
+    proc = cli_in_process("--strategy", "fsdp", env={"ACC_TRAIN_BLOCK_PLUGINS": "fsdp,deepspeed,local-sgd,ft"})
     assert_user_error(proc, 'strategy "fsdp" is not installed', "pip install acc-train-strategy-fsdp", "installed strategies: ddp)")
 
 

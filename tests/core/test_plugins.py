@@ -48,7 +48,7 @@ def register(plugin: object, name: str) -> None:
 
 
 def test_registry_holds_exactly_the_names_of_the_workspace_packages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(plugins.ENV_BLOCK, "local-sgd")  # the example third-party plugin, installed for the kit
+    monkeypatch.setenv(plugins.ENV_BLOCK, "local-sgd,ft")  # the example third-party plugin (installed for the kit) and strategy-ft, which core never names
     assert plugins.strategies().names() == [
         "data-parallel", "ddp", "deepspeed", "fsdp", "fsdp-offload", "fsdp1", "fsdp2", "fully-sharded",
         "zero", "zero1", "zero2", "zero2-offload", "zero3", "zero3-offload",
@@ -104,7 +104,7 @@ def test_a_plugin_whose_registration_raises_is_skipped_and_reported() -> None:
 
 
 def test_blocking_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(plugins.ENV_BLOCK, "ddp,fsdp,deepspeed,local-sgd")
+    monkeypatch.setenv(plugins.ENV_BLOCK, "ddp,fsdp,deepspeed,local-sgd,ft")
     assert plugins.strategies().names() == []
     with pytest.raises(UserError, match="pip install acc-train-strategy-ddp"):
         plugins.strategies().get("ddp")
@@ -153,7 +153,7 @@ def test_resolved_configs_of_every_strategy_and_preset_load_back(tmp_path: Path)
 
 def test_the_not_installed_hint_table_names_exactly_what_the_workspace_plugins_register(monkeypatch: pytest.MonkeyPatch) -> None:
     """Core's one table of strategy names (for "pip install ..." hints) cannot drift from the packages."""
-    monkeypatch.setenv(plugins.ENV_BLOCK, "local-sgd")  # the example is not one of acc-train's own packages
+    monkeypatch.setenv(plugins.ENV_BLOCK, "local-sgd,ft")  # the example, and strategy-ft: core names neither
     registry = plugins.strategies()
     distributions = {info.name: info.distribution for info in plugins.plugin_infos()}
     registered = {name: distributions[registry.owner(name)] for name in registry.names()}

@@ -22,6 +22,7 @@ PACKAGES = [
     "packages/strategy-ddp",
     "packages/strategy-fsdp",
     "packages/strategy-deepspeed",
+    "packages/strategy-ft",
     "examples/strategy-localsgd",
 ]
 MAX_CORE_MODULE_LINES = 400

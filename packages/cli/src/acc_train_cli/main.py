@@ -26,12 +26,13 @@ from acc_train_cli.generate_cmd import generate
 from acc_train_cli.info import env, plugins, strategies
 from acc_train_cli.job import LOOP_ONLY, flag_name, given, job_options, merge_parent_params, resolve_job
 from acc_train_cli.plan import plan
+from acc_train_cli.plugin_commands import PluginCommandGroup
 from acc_train_cli.report import report
 
 __all__ = ["cli", "main"]
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=PluginCommandGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @job_options
 @click.option("--print-config", is_flag=True, help="Print the resolved config as YAML and exit.")
 @click.version_option(package_name="acc-train-cli", prog_name="acc-train")

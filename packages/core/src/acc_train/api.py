@@ -38,6 +38,7 @@ from acc_train.contracts.questions import Question
 from acc_train.run import RunContext
 from acc_train.strategy import DEFAULT_STRATEGY, Machine, Strategy, StrategyOptions, WrapPolicy
 from acc_train.contracts.launch import LaunchProtocol
+from acc_train.contracts.replica_groups import ReplicaGroups
 from acc_train.memory.planner import StrategyPlanner
 from acc_train.outputs.tracker_kinds import TrackerKind
 from acc_train.files.user_files import read_user_json
@@ -49,7 +50,7 @@ __all__ = [
     # the strategy contract
     "DEFAULT_STRATEGY", "Machine", "Strategy", "StrategyOptions", "WrapPolicy", "resolve_strategy",
     # what a strategy hands out: its planner (plan, simulation, the kit) and its launch protocol (acc-train launch)
-    "StrategyPlanner", "LaunchProtocol",
+    "StrategyPlanner", "LaunchProtocol", "ReplicaGroups",
     # hooks (the run they are handed), questions for the wizard, errors
     "RunContext", "DataKind", "Tokenized", "packs_rows", "packs_continuous_text", "OptimizerKind", "OptimizerOptions", "TrackerKind", "EvaluatorKind", "EvalContext", "hookimpl", "Question", "PluginError", "UserError", "closest", "read_user_json",
     # registries

@@ -118,6 +118,20 @@ def acc_train_register_trackers(register: Callable[[TrackerKind], None]) -> None
 
 
 @hookspec
+def acc_train_register_commands(register: Callable[[Any], None]) -> None:
+    """Register subcommands of the ``acc-train`` command: call ``register(command)`` with a
+    ``click.Command`` (its name is the subcommand's, e.g. a fault-tolerant strategy's
+    ``acc-train lighthouse``). Called when the command line names a subcommand that is not a
+    built-in one (``acc-train --help`` lists the built-in ones only: it imports nothing of core).
+    A name that a built-in command or another plugin holds is refused with a warning naming the
+    plugin. Must not import torch, accelerate or deepspeed (import them inside the command).
+    The return value is ignored.
+
+    :param register: call once per command.
+    """
+
+
+@hookspec
 def acc_train_register_evaluators(register: Callable[[EvaluatorKind], None]) -> None:
     """Register evaluators a job can ask for as ``eval.NAME`` (core's eval loss, ``eval.samples``
     and ``eval.harness_tasks`` are registered by core's plugin the same way).

@@ -43,6 +43,10 @@ class RunContext:
     #: the prepared (strategy-wrapped) model and optimizer
     model: Any = None
     optimizer: Any = None
+    #: the learning-rate scheduler and where training stands (``acc_train.checkpoint.TrainerState``:
+    #: step, epoch, data position), which the loop advances
+    scheduler: Any = None
+    state: Any = None
     #: counts the model state this rank holds (the strategy's, or None where it has none)
     model_state_meter: ModelStateMeter | None = None
     #: per-run state of plugins, by a key of their own; core keeps nothing here

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
     from acc_train.contracts.launch import LaunchProtocol
     from acc_train.contracts.protocols import JobView, RunView
+    from acc_train.contracts.replica_groups import ReplicaGroups
     from acc_train.memory.planner import StrategyPlanner
     from acc_train.memory.state import ModelStateMeter
 
@@ -105,6 +106,8 @@ class Strategy(ABC, Generic[OptionsT]):
     accelerate_distributed_types: ClassVar[tuple[str, ...]] = ()
     #: Top-level sections of an ``accelerate config`` file that its hook maps (``fsdp_config``).
     accelerate_config_sections: ClassVar[tuple[str, ...]] = ()
+    #: Its replica groups (:mod:`acc_train.contracts.replica_groups`): separate launches training one model.
+    replica_groups: ClassVar[type[ReplicaGroups] | None] = None
 
     _options: OptionsT | None = None
     _machine: Machine | None = None

@@ -28,6 +28,7 @@ from acc_train.checkpoint import (
     model_fingerprint,
     verify_checkpoint,
 )
+from acc_train.contracts.replica_groups import replica_groups_of
 from acc_train.errors import UserError
 from acc_train.loop import LoopInputs, finish, run_loop, setup
 from acc_train.outputs.metrics import METRICS_FILE
@@ -73,6 +74,14 @@ def check_output_dir(job: ResolvedJob) -> Path:
         )
     out = check_creatable(cfg.output_dir, "--output-dir")
     existing = _previous_run(out)
+    groups = replica_groups_of(job.strategy)
+    if existing and not cfg.resume and not cfg.overwrite and groups is not None and groups.rejoins_run:
+        # the same command again (a relaunched replica group): its run is taken over, from its
+        # latest checkpoint or from the start, and the strategy brings it up to its peers
+        if find_checkpoint(out, "auto") is not None:
+            cfg.resume = "auto"
+        else:
+            cfg.overwrite = True
     if existing and not cfg.resume and not cfg.overwrite:
         raise UserError(
             f"{str(out)!r} already holds a run ({', '.join(existing)})",
@@ -247,6 +256,8 @@ def train(job: ResolvedJob, config_file: str | None = None, stop: StopRequest | 
         step=state.step,
         model=prepared.model,
         optimizer=prepared.optimizer,
+        scheduler=prepared.scheduler,
+        state=state,
         model_state_meter=job.strategy.model_state_meter(accelerator, prepared.model, prepared.optimizer),
         mfu_basis=mfu_basis,
     )

@@ -24,7 +24,7 @@ class ResumableSampler:
     have seen next.
     """
 
-    def __init__(self, num_items: int, seed: int, shuffle: bool, group: int) -> None:
+    def __init__(self, num_items: int, seed: int, shuffle: bool, group: int, part: tuple[int, int, int] = (0, 1, 0)) -> None:
         if num_items < group:
             raise UserError(
                 f"the training data has {num_items} rows, fewer than one optimizer step needs ({group}: processes x micro-batch x accumulation)",
@@ -37,6 +37,9 @@ class ResumableSampler:
         self.usable = num_items - num_items % group
         self.epoch = 0
         self.start = 0
+        #: (index, count, chunk): several launches share the order (``Strategy.data_part``), each
+        #: reading part ``index`` of every ``count`` x ``chunk`` indices; ``start`` counts them all
+        self.part = part
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -56,10 +59,14 @@ class ResumableSampler:
     def __iter__(self) -> Iterator[int]:
         order = self._order()
         start, self.start = self.start, 0  # a skip applies to one pass only
-        return _in_chunks(order[start:])
+        order = order[start:]
+        index, count, chunk = self.part
+        if count > 1:
+            order = order.reshape(-1, count, chunk)[:, index].reshape(-1)
+        return _in_chunks(order)
 
     def __len__(self) -> int:
-        return self.usable - self.start
+        return (self.usable - self.start) // self.part[1]
 
 
 def _in_chunks(order: torch.Tensor) -> Iterator[int]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointManager, TrainerState, fault_point, step_dir_name
+from acc_train.contracts.replica_groups import replica_groups_of
 from acc_train.errors import UserError
 from acc_train.evaluation.kinds import job_evaluators, metrics_problem
 from acc_train.loop.ledger import StepClock, StepLedger, StepReading, StepValues
@@ -126,7 +127,9 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     accelerator, model, optimizer, scheduler = run.accelerator, run.model, run.optimizer, inputs.scheduler
     cfg = run.job.config
     t_cfg = cfg.training
-    world = accelerator.data_parallel_size
+    groups = replica_groups_of(run.job.strategy)  # launches apart training one model (None: this one alone)
+    world = accelerator.data_parallel_size * (groups.data_part()[1] if groups else 1)  # every launch reading a part of each batch
+    gas = t_cfg.gradient_accumulation_steps
     # ranks whose losses are different parts of the step's: data-parallel ranks and the parts of
     # a context-parallel group; strategies average gradients over them
     loss_parts = accelerator.num_processes // accelerator.loss_replicas
@@ -218,6 +221,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
     model.train()
     clock = StepClock(accelerator.device)
     step_loss: Any = None
+    step_started = False  # the groups' step_start was called for the step being trained
     try:
         while state.step < run.max_steps:
             if inputs.sampler is not None:  # (a stream continues from its own position, endlessly)
@@ -226,6 +230,13 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
             for batch, step_tokens, step_real in step_windows(inputs.train_dl, t_cfg.gradient_accumulation_steps, accelerator, ledger):
                 if result.first_batch_at is None:
                     result.first_batch_at = time.time()
+                if groups is not None and state.batches_in_epoch % gas == 0 and not step_started:  # the step's first micro-batch
+                    position, step_started = (state.epoch, state.batches_in_epoch), True
+                    groups.step_start(run)
+                    if (state.epoch, state.batches_in_epoch) != position:  # the state was replaced (a rejoining replica healed)
+                        step_loss = None
+                        clock.restart()
+                        break  # read the data again from the new position
                 with accelerator.accumulate(model):
                     with sequence_shards(accelerator, batch) as part:  # (this rank's part of each row under context parallelism)
                         loss = token_loss(model, part, step_tokens, mask, attention_config)  # this micro-batch's share of the step's per-token mean
@@ -237,8 +248,15 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                         grad_norm = accelerator.clip_grad_norm_(parameters, t_cfg.max_grad_norm or math.inf)
                     if accelerator.sync_gradients and meter is not None:
                         meter.at_gradient_sync()
-                    optimizer.step()
+                    committed = groups is None or not accelerator.sync_gradients or groups.commit_step(run)
+                    if committed:
+                        optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
+                if not committed:  # discarded: not counted, its batches trained again, the scheduler left as it is
+                    state.batches_in_epoch -= gas - 1
+                    state.samples_in_epoch -= (gas - 1) * world * t_cfg.micro_batch_size
+                    step_loss, step_started = None, False
+                    break  # read this step's data again
                 state.batches_in_epoch += 1
                 state.samples_in_epoch += world * t_cfg.micro_batch_size
                 step_loss = loss.detach().float() if step_loss is None else step_loss + loss.detach().float()
@@ -249,6 +267,7 @@ def run_loop(inputs: LoopInputs) -> LoopResult:
                     scheduler.step()
                 state.step += 1
                 run.step = state.step
+                step_started = False
                 clock.mark(state.step)
                 # plugins may add keys to this dict (they go into the step's row when it is written)
                 step_metrics: dict[str, Any] = {"step": state.step, "epoch": state.epoch, "lr": lr}

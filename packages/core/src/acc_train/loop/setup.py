@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acc_train.checkpoint import CheckpointManager, TrainerState, find_checkpoint, model_fingerprint
+from acc_train.contracts.replica_groups import data_part
 from acc_train.errors import UserError
 from acc_train.plugins import checkpoint_formats, library_versions
 
@@ -113,7 +114,8 @@ def load_data(job: ResolvedJob, accelerator: Accelerator) -> TrainData:
 
     cfg = job.config
     t_cfg = cfg.training
-    world, mbs, gas = accelerator.data_parallel_size, t_cfg.micro_batch_size, t_cfg.gradient_accumulation_steps
+    index, parts = data_part(job.strategy)  # several launches may split each global batch
+    world, mbs, gas = accelerator.data_parallel_size * parts, t_cfg.micro_batch_size, t_cfg.gradient_accumulation_steps
     tokenizer = load_tokenizer(cfg.model)
     if cfg.data.streaming:
         return _streamed(job, accelerator, tokenizer)
@@ -128,13 +130,13 @@ def load_data(job: ResolvedJob, accelerator: Accelerator) -> TrainData:
         train, held_out = train.subset(0, len(train) - n_eval), train.subset(len(train) - n_eval, len(train))
     pad_id = _pad_id(tokenizer)
     collate = Collate(cfg.data.seq_len, prepared.packing, pad_id)
-    sampler = ResumableSampler(len(train), t_cfg.seed, cfg.data.shuffle, group=world * mbs * gas)
+    sampler = ResumableSampler(len(train), t_cfg.seed, cfg.data.shuffle, group=world * mbs * gas, part=(index, parts, world // parts * mbs))
     # its own generator: starting an iterator must not draw from the global RNG, or a resumed
     # run would be one draw ahead of the uninterrupted one
     train_dl = DataLoader(TokenRows(train), batch_size=mbs, sampler=sampler, drop_last=True, collate_fn=collate, generator=torch.Generator())
     eval_dl = None
     if held_out is not None:
-        held_out = held_out.subset(0, t_cfg.eval_batches * world * mbs)
+        held_out = held_out.subset(0, t_cfg.eval_batches * accelerator.data_parallel_size * mbs)
         eval_dl = DataLoader(TokenRows(held_out), batch_size=mbs, shuffle=False, collate_fn=collate, generator=torch.Generator())
     batches_per_epoch = sampler.usable // (world * mbs)
     max_steps = cfg.max_steps or t_cfg.epochs * (batches_per_epoch // gas)  # type: ignore[operator]
@@ -280,7 +282,7 @@ def checkpoint_manager(job: ResolvedJob, accelerator: Accelerator, built: BuiltM
     # the data order is a function of these alone: processes, micro-batch size and
     # accumulation may change on resume as long as their product does not
     signature = {
-        "global_batch": accelerator.data_parallel_size * t_cfg.micro_batch_size * t_cfg.gradient_accumulation_steps,
+        "global_batch": accelerator.data_parallel_size * data_part(job.strategy)[1] * t_cfg.micro_batch_size * t_cfg.gradient_accumulation_steps,
         "seed": t_cfg.seed,
         "shuffle": cfg.data.shuffle,
         "seq_len": cfg.data.seq_len,
@@ -336,7 +338,7 @@ def resume(job: ResolvedJob, manager: CheckpointManager, prepared: Prepared, max
         if not state.stream or len(state.stream) != stream.world_size:
             raise UserError(f"checkpoint {str(path)!r} holds no stream position for {stream.world_size} processes", where="--resume", hint="a checkpoint of a cached run resumes with data.streaming=false")
         stream.load_state_dict(state.stream[stream.rank])
-    per_batch = manager.accelerator.data_parallel_size * cfg.training.micro_batch_size
+    per_batch = manager.accelerator.data_parallel_size * data_part(job.strategy)[1] * cfg.training.micro_batch_size
     state.batches_in_epoch = state.samples_in_epoch // per_batch  # in this run's micro-batches
     out = Path(cfg.output_dir)
     if state.step == max_steps and not ((out / "run.json").is_file() and (out / "final").is_dir()):
