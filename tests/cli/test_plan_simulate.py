@@ -13,6 +13,9 @@ from tests.conftest import cli_in_process, run_cli
 
 DEMO_PSI = 1_426_752  # the demo model's parameters (test_plan.py)
 
+#: one xdist worker for the module: its simulation (about 70 s) is made once, not once per worker
+pytestmark = pytest.mark.xdist_group("plan-simulate")
+
 
 @pytest.fixture(scope="module")
 def simulated() -> tuple[int, dict, str]:
