@@ -2,12 +2,12 @@
 
 Plugins are asked only when a subcommand is not a built-in one: ``acc-train --help`` imports
 nothing of core (it stays fast), so it lists the built-in commands; ``acc-train NAME --help``
-shows a plugin's command.
+shows a plugin's command. The commands come from core's registry like every other registration
+(:func:`acc_train.plugins.commands`): a plugin whose hook raises, or two plugins claiming one
+name, are reported as plugin failures, and the other plugins' commands stand.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import click
 
@@ -21,21 +21,20 @@ class PluginCommandGroup(click.Group):
 
     def plugin_commands(self) -> dict[str, click.Command]:
         if self._plugin_commands is None:
-            from acc_train.plugins import get_plugin_manager
+            from acc_train.plugins import commands
 
-            found: dict[str, click.Command] = {}
-            pm = get_plugin_manager()
-            for impl in pm.hook.acc_train_register_commands.get_hookimpls():
-                def register(command: Any, plugin: str = impl.plugin_name) -> None:
-                    name = getattr(command, "name", None)
-                    if not isinstance(command, click.Command) or not name:
-                        click.echo(f'warning: plugin "{plugin}" registered {command!r}, not a named click command: ignored', err=True)
-                    elif name in self.commands or name in found:
-                        click.echo(f'warning: plugin "{plugin}" registered the command "{name}", which is taken: ignored', err=True)
-                    else:
-                        found[name] = command
+            from acc_train_cli.errors import report_plugin_failures
 
-                impl.function(register=register)
+            registered, found = commands().registered(), {}
+            report_plugin_failures()  # a plugin whose hook raised, two claiming one name
+            for command, plugin in registered:
+                name = command.name
+                if not isinstance(command, click.Command):
+                    click.echo(f'warning: plugin "{plugin}" registered {command!r}, not a click command: ignored', err=True)
+                elif name in self.commands:
+                    click.echo(f'warning: plugin "{plugin}" registered the command "{name}", which is built in: ignored', err=True)
+                else:
+                    found[name] = command
             self._plugin_commands = found
         return self._plugin_commands
 

@@ -123,8 +123,8 @@ def acc_train_register_commands(register: Callable[[Any], None]) -> None:
     ``click.Command`` (its name is the subcommand's, e.g. a fault-tolerant strategy's
     ``acc-train lighthouse``). Called when the command line names a subcommand that is not a
     built-in one (``acc-train --help`` lists the built-in ones only: it imports nothing of core).
-    A name that a built-in command or another plugin holds is refused with a warning naming the
-    plugin. Must not import torch, accelerate or deepspeed (import them inside the command).
+    A plugin's command never replaces a built-in one (a warning names the plugin); a name two
+    plugins register belongs to neither, as with every registration. Must not import torch, accelerate or deepspeed (import them inside the command).
     The return value is ignored.
 
     :param register: call once per command.

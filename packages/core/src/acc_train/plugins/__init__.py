@@ -23,6 +23,7 @@ from acc_train.plugins.registry import (
     Registry,
     StrategyRegistry,
     checkpoint_formats,
+    commands,
     data_kinds,
     evaluators,
     optimizers,
@@ -36,6 +37,6 @@ from acc_train.plugins.registry import (
 __all__ = [
     "BUILTIN", "ENV_BLOCK", "ENV_DISABLE_AUTOLOAD", "ENV_TRACE", "KNOWN_STRATEGY_PACKAGES", "NameConflictError",
     "PluginFailure", "PluginInfo", "Registry", "StrategyRegistry", "accelerate_config_section", "call_lifecycle",
-    "checkpoint_formats", "data_kinds", "evaluators", "get_plugin_manager", "library_versions", "optimizers", "plugin_failures", "plugin_infos", "register_temporarily", "reset",
+    "checkpoint_formats", "commands", "data_kinds", "evaluators", "get_plugin_manager", "library_versions", "optimizers", "plugin_failures", "plugin_infos", "register_temporarily", "reset",
     "strategies", "trackers", "wrap_policies",
 ]  # fmt: skip

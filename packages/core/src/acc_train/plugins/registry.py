@@ -253,6 +253,8 @@ _REGISTRIES: dict[str, Registry[Any]] = {
     "optimizer": Registry("optimizer", "acc_train_register_optimizers", _optimizer_base),
     "tracker": Registry("tracker", "acc_train_register_trackers", _tracker_base),
     "evaluator": Registry("evaluator", "acc_train_register_evaluators", _evaluator_base),
+    # click commands: the CLI checks their type (core does not import click)
+    "command": Registry("command", "acc_train_register_commands"),
 }
 
 
@@ -284,10 +286,14 @@ def evaluators() -> Registry[Any]:
     return _REGISTRIES["evaluator"]
 
 
+def commands() -> Registry[Any]:
+    return _REGISTRIES["command"]
+
+
 def plugin_failures() -> list[PluginFailure]:
     """Plugins that failed to import or register, after loading."""
     get_plugin_manager()
-    strategies(), wrap_policies(), checkpoint_formats(), data_kinds(), optimizers(), trackers(), evaluators()
+    strategies(), wrap_policies(), checkpoint_formats(), data_kinds(), optimizers(), trackers(), evaluators(), commands()
     return list(_failures)
 
 
