@@ -41,12 +41,13 @@ def strategies() -> None:
 @user_errors
 def plugins() -> None:
     """Print loaded plugins, their hooks and what they registered, as JSON."""
-    from acc_train.plugins import checkpoint_formats, data_kinds, evaluators, optimizers, plugin_failures, plugin_infos, strategies as s_reg, trackers, wrap_policies
+    from acc_train.plugins import checkpoint_formats, commands, data_kinds, evaluators, optimizers, plugin_failures, plugin_infos, strategies as s_reg, trackers, wrap_policies
 
     registered: dict[str, dict[str, list[str]]] = {}
     registries = (
         ("strategies", s_reg()), ("wrap_policies", wrap_policies()), ("checkpoint_formats", checkpoint_formats()),
         ("data_kinds", data_kinds()), ("optimizers", optimizers()), ("trackers", trackers()), ("evaluators", evaluators()),
+        ("commands", commands()),  # a plugin's acc-train subcommands (acc-train --help lists the built-in ones)
     )  # fmt: skip
     for kind, reg in registries:
         for obj, owner in reg.primary():
